@@ -1,0 +1,407 @@
+"""The model runner: one request at a time, prefix reuse on every cache family.
+
+```
+ messages -> PromptBuilder -> ids, image spans
+   -> root hash (format, model fingerprint, tenant salt) -> lookup -> plan_restore -> live caches
+   -> vision features only for images not fully inside the restored prefix (feature cache first)
+   -> suffix embeddings -> chunked prefill (harvest after each chunk, checkpoint at chunk ends,
+      stop at the last block boundary for an exact end-of-prompt snapshot)
+   -> decode (harvest every min(B, window) tokens) -> end-of-generation snapshot
+```
+Everything here runs on the engine thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import mlx.core as mx
+import numpy as np
+
+from kv_cache.families import family_for, family_registry
+from kv_cache.hashing import CACHE_FORMAT_VERSION, root_hash
+from kv_cache.prefix_cache import PrefixCache
+from kv_cache.tiers.ram import RamTier
+from server.engine.architectures import Positions, architecture_for
+from server.engine.detokenizer import StreamingDetokenizer
+from server.engine.harvest import Harvester
+from server.engine.model import LoadedModel, load_model
+from server.engine.prompt import BuiltPrompt, PromptBuilder, PromptError, ReplyLedger
+from server.engine.restore import plan_restore, restore_caches
+from server.engine.sampling import Sampler
+from server.engine.settings import EngineSettings
+from server.engine.types import (
+    EngineError,
+    EngineEvent,
+    FinishEvent,
+    GenerationRequest,
+    TokenEvent,
+    Usage,
+)
+from tenancy.tenants import Tenant
+from vision_cache.encoders import encoder_for
+from vision_cache.feature_cache import CachedFeatures, FeatureCache, FeatureKey
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class TenantCounters:
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    vision_queries: int = 0
+    vision_hits: int = 0
+    encoder_runs: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+@dataclass(slots=True)
+class RequestTrace:
+    """What one request did (tests and benchmarks read the last one)."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    encoder_runs: int = 0
+    vision_hits: int = 0
+    stored_blocks: int = 0
+    generated: list[int] = field(default_factory=list)
+    prompt_ids: np.ndarray | None = None
+    ttft_s: float = 0.0
+
+
+class ModelRunner:
+    """Implements ``server.engine.protocol.Engine`` for one loaded mlx-vlm model."""
+
+    def __init__(
+        self, loaded: LoadedModel, settings: EngineSettings, *, ledger: ReplyLedger | None = None
+    ) -> None:
+        self._m = loaded
+        self._settings = settings
+        self._B = settings.block_size
+        self._chunk = max(self._B, settings.prefill_chunk // self._B * self._B)
+        model = loaded.model
+        self._lm = model.language_model
+        self._arch = architecture_for(loaded.model_type, model, loaded.tokenizer)
+        self._encoder = encoder_for(loaded.model_type, model, loaded.processor)
+        self._ledger = ledger if ledger is not None else ReplyLedger()
+        self._prompts = PromptBuilder(loaded.tokenizer, self._arch, self._encoder, self._ledger)
+        self._registry = family_registry()
+        self._families = tuple(family_for(c, self._registry) for c in self._new_caches())
+        windows = [f.window(c) for f, c in zip(self._families, self._new_caches())]
+        sliding = [w for w in windows if w]
+        # Decode must copy K/V out before it leaves the smallest sliding window.
+        self._decode_interval = min([self._B, *sliding])
+        self.ram = RamTier(settings.ram_budget_bytes)
+        self.prefix_cache = PrefixCache(self._B, self.ram)
+        vision_budget = settings.vision_budget_bytes or max(self.ram.budget_bytes // 8, 16 << 20)
+        self.features = FeatureCache(vision_budget)
+        self._counters: dict[str, TenantCounters] = {}
+        self.last_trace = RequestTrace()
+
+    # -- Engine protocol -------------------------------------------------------------------
+
+    @property
+    def model_id(self) -> str:
+        return self._m.model_id
+
+    @property
+    def context_length(self) -> int:
+        return self._m.context_length
+
+    @property
+    def fingerprint(self) -> str:
+        return self._m.fingerprint
+
+    @property
+    def ledger(self) -> ReplyLedger:
+        return self._ledger
+
+    @property
+    def prompt_builder(self) -> PromptBuilder:
+        return self._prompts
+
+    def generate(
+        self,
+        request: GenerationRequest,
+        emit: Callable[[EngineEvent], None],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        try:
+            self._generate(request, emit, cancelled)
+        except PromptError as exc:
+            emit(EngineError(400, str(exc), "invalid_request_error", "invalid_prompt", "messages"))
+        except _ContextLengthError as exc:
+            emit(EngineError(400, str(exc), "invalid_request_error", "context_length_exceeded", "messages"))
+        except Exception as exc:
+            log.exception("request %s failed", request.request_id)
+            emit(EngineError(500, f"internal error: {type(exc).__name__}: {exc}"))
+
+    def cache_stats(self, tenant: Tenant | None) -> Mapping[str, Any]:
+        if tenant is not None:
+            counters = self._counters.get(tenant.namespace, TenantCounters())
+            return {"tenant": tenant.tenant_id, **self._ratios(counters.as_dict())}
+        total = TenantCounters()
+        for c in self._counters.values():
+            for name in total.__slots__:
+                setattr(total, name, getattr(total, name) + getattr(c, name))
+        return {
+            **self._ratios(total.as_dict()),
+            "tenants": len(self._counters),
+            "kv": {**dataclasses.asdict(self.prefix_cache.stats), "blocks": len(self.prefix_cache),
+                   "resident_bytes": self.prefix_cache.resident_bytes},
+            "ram": {"budget_bytes": self.ram.budget_bytes, "used_bytes": self.ram.used_bytes},
+            "vision": dataclasses.asdict(self.features.stats()),
+        }
+
+    @staticmethod
+    def _ratios(c: dict[str, int]) -> dict[str, Any]:
+        hit = c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
+        vision = c["vision_hits"] / c["vision_queries"] if c["vision_queries"] else 0.0
+        return {**c, "token_hit_rate": hit, "vision_hit_rate": vision}
+
+    # -- the request path ------------------------------------------------------------------
+
+    def _new_caches(self) -> list[Any]:
+        lm = self._lm
+        if hasattr(lm, "make_cache"):
+            return list(lm.make_cache())
+        from mlx_vlm.models.cache import KVCache
+
+        return [KVCache() for _ in lm.layers]
+
+    def _generate(
+        self,
+        request: GenerationRequest,
+        emit: Callable[[EngineEvent], None],
+        cancelled: Callable[[], bool],
+    ) -> None:
+        t0 = time.perf_counter()
+        tenant = request.tenant
+        counters = self._counters.setdefault(tenant.namespace, TenantCounters())
+        trace = RequestTrace()
+        self.last_trace = trace
+        prompt = self._prompts.build(request.messages, tenant.namespace)
+        n = len(prompt)
+        if n >= self.context_length:
+            raise _ContextLengthError(
+                f"prompt is {n} tokens; this model's context is {self.context_length} tokens"
+            )
+        max_tokens = min(request.sampling.max_tokens, self.context_length - n)
+        sampler = Sampler(request.sampling)
+        ids = prompt.token_ids
+        trace.prompt_ids = ids
+        trace.prompt_tokens = n
+
+        root = root_hash(CACHE_FORMAT_VERSION, self._m.fingerprint, tenant.salt)
+        hit = self.prefix_cache.lookup(root, ids, prompt.spans)
+        plan = plan_restore(hit, root, self._B, self._families, n - 1)
+        used = plan.used_blocks
+        self.prefix_cache.acquire(used)
+        try:
+            self.prefix_cache.touch(used)
+            if plan.length > 0:
+                caches, seed = restore_caches(plan, self._new_caches(), self._families)
+            else:
+                caches, seed = self._new_caches(), None
+            L = plan.length
+            trace.cached_tokens = L
+            self._reset_module_state()
+            positions = self._arch.positions(ids, [img.layout for img in prompt.images])
+            embeds = self._suffix_embeddings(prompt, L, request, counters, trace)
+
+            harvester = Harvester(
+                store=self.prefix_cache,
+                families=self._families,
+                block_size=self._B,
+                spans=prompt.spans,
+                owner=request.session_id,
+                parent=plan.parent,
+                block_start=L // self._B * self._B,
+                seed_pieces=seed,
+                fed=L,
+            )
+            tokens: list[int] = [int(t) for t in ids]
+            logits = self._prefill(ids, embeds, L, caches, positions, harvester, tokens)
+        finally:
+            self.prefix_cache.release(used)
+
+        counters.requests += 1
+        counters.prompt_tokens += n
+        counters.cached_tokens += L
+        self._decode(
+            request, emit, cancelled, sampler, logits, caches, positions, harvester, tokens,
+            n, max_tokens, trace, counters, t0,
+        )
+
+    def _reset_module_state(self) -> None:
+        # Qwen language models keep rope state between calls; every request starts clean.
+        for name in ("_rope_deltas", "_position_ids"):
+            if hasattr(self._lm, name):
+                setattr(self._lm, name, None)
+
+    def _suffix_embeddings(
+        self,
+        prompt: BuiltPrompt,
+        start: int,
+        request: GenerationRequest,
+        counters: TenantCounters,
+        trace: RequestTrace,
+    ) -> mx.array:
+        """Input embeddings of positions [start, n): token embeddings, image features spliced."""
+        ids = prompt.token_ids
+        n = len(prompt)
+        embed = self._lm.model.embed_tokens
+        pieces: list[mx.array] = []
+        pos = start
+        for img in prompt.images:
+            span = img.span
+            if span.end <= start:
+                continue  # fully inside the restored prefix: costs only its hash
+            feats = self._features_for(img, request, counters, trace)
+            a = max(span.start, start)
+            if a > pos:
+                pieces.append(embed(mx.array(ids[pos:a])))
+            pieces.append(feats[a - span.start :].astype(embed.weight.dtype))
+            pos = span.end
+        if pos < n:
+            pieces.append(embed(mx.array(ids[pos:n])))
+        return mx.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0]
+
+    def _features_for(
+        self, img: Any, request: GenerationRequest, counters: TenantCounters, trace: RequestTrace
+    ) -> mx.array:
+        key = FeatureKey(img.span.image_hash, self._m.fingerprint)
+        counters.vision_queries += 1
+        cached = self.features.get(key, namespace=request.tenant.namespace)
+        if cached is not None:
+            counters.vision_hits += 1
+            trace.vision_hits += 1
+            return cached.features
+        feats = self._encoder.encode(img.part.image)
+        mx.eval(feats)
+        counters.encoder_runs += 1
+        trace.encoder_runs += 1
+        self.features.put(
+            key,
+            CachedFeatures.of(feats, {"num_tokens": img.layout.num_tokens, "grid_thw": img.layout.grid_thw}),
+            namespace=request.tenant.namespace,
+        )
+        return feats
+
+    def _lm_call(self, token_ids: mx.array, embeds: mx.array | None, caches: list[Any], position_ids: mx.array | None) -> mx.array:
+        kwargs: dict[str, Any] = {"cache": caches}
+        if embeds is not None:
+            kwargs["inputs_embeds"] = embeds[None]
+        if position_ids is not None:
+            kwargs["position_ids"] = position_ids
+        out = self._lm(token_ids[None], **kwargs)
+        return out.logits if hasattr(out, "logits") else out
+
+    def _prefill(
+        self,
+        ids: np.ndarray,
+        embeds: mx.array,
+        start: int,
+        caches: list[Any],
+        positions: Positions | None,
+        harvester: Harvester,
+        tokens: list[int],
+    ) -> mx.array:
+        """Prefill [start, n) in chunks; returns the logits of the last prompt position."""
+        n = int(ids.shape[0])
+        last_boundary = n // self._B * self._B
+        pos = start
+        logits = None
+        while pos < n:
+            # Chunks end on multiples of the chunk size (checkpoints land on shared
+            # boundaries), and once more at the last block boundary of the prompt.
+            end = min(n, (pos // self._chunk + 1) * self._chunk)
+            if pos < last_boundary < end:
+                end = last_boundary
+            chunk_ids = mx.array(ids[pos:end])
+            chunk_pos = positions.position_ids[..., pos:end] if positions is not None else None
+            logits = self._lm_call(chunk_ids, embeds[pos - start : end - start], caches, chunk_pos)
+            mx.eval(logits[:, -1, :], [c.state for c in caches])
+            pos = end
+            harvester.collect(caches, pos)
+            if pos % self._chunk == 0 or pos == last_boundary or pos == n:
+                harvester.checkpoint(caches, pos)
+            harvester.flush_full(tokens)
+        harvester.flush_partial(tokens)
+        assert logits is not None
+        return logits[0, -1, :]
+
+    def _decode(
+        self,
+        request: GenerationRequest,
+        emit: Callable[[EngineEvent], None],
+        cancelled: Callable[[], bool],
+        sampler: Sampler,
+        logits: mx.array,
+        caches: list[Any],
+        positions: Positions | None,
+        harvester: Harvester,
+        tokens: list[int],
+        n: int,
+        max_tokens: int,
+        trace: RequestTrace,
+        counters: TenantCounters,
+        t0: float,
+    ) -> None:
+        detok = StreamingDetokenizer(self._m.tokenizer, self._m.eos_ids)
+        generated: list[int] = trace.generated
+        fed = n
+        finish = "length"
+        y = sampler(logits)
+        while True:
+            tok = int(y.item())
+            if not generated:
+                trace.ttft_s = time.perf_counter() - t0
+            generated.append(tok)
+            if tok in self._m.eos_ids:
+                finish = "stop"
+                break
+            emit(TokenEvent(detok.add(tok), tok))
+            if len(generated) >= max_tokens:
+                break
+            if cancelled():
+                finish = "cancelled"
+                break
+            step_pos = self._arch.decode_positions(positions, fed, 1)
+            out = self._lm_call(mx.array([tok]), None, caches, step_pos)
+            tokens.append(tok)
+            fed += 1
+            y = sampler(out[0, -1, :])
+            if fed - harvester.harvested >= self._decode_interval:
+                mx.eval(y, [c.state for c in caches])
+                harvester.collect(caches, fed)
+                harvester.flush_full(tokens)
+        # End-of-generation snapshot: the fed sequence is prompt + generated[:-1].
+        harvester.collect(caches, fed)
+        harvester.checkpoint(caches, fed)
+        harvester.flush_full(tokens)
+        harvester.flush_partial(tokens)
+        trace.stored_blocks = harvester.stored_blocks
+        reply_ids = generated[:-1] if generated and generated[-1] in self._m.eos_ids else generated
+        self._ledger.record(request.tenant.namespace, detok.text, reply_ids)
+        counters.completion_tokens += len(generated)
+        emit(FinishEvent(finish, Usage(n, len(generated), trace.cached_tokens)))
+
+
+class _ContextLengthError(ValueError):
+    pass
+
+
+def build_engine(settings: EngineSettings) -> ModelRunner:
+    """Load the model named by ``settings`` and build its runner and caches."""
+    loaded = load_model(settings.model_path, block_size=settings.block_size)
+    return ModelRunner(loaded, settings)
