@@ -50,7 +50,8 @@ def timed(fn: Callable[[], object], repeats: int) -> list[float]:
 def summary(times: list[float]) -> str:
     ordered = sorted(times)
     p90 = ordered[int(0.9 * (len(ordered) - 1))]
-    return f"median {statistics.median(ordered):7.3f} ms   p90 {p90:7.3f} ms   min {ordered[0]:7.3f} ms"
+    median = statistics.median(ordered)
+    return f"median {median:7.3f} ms   p90 {p90:7.3f} ms   min {ordered[0]:7.3f} ms"
 
 
 def build_cache(
@@ -64,7 +65,7 @@ def build_cache(
     remaining = pool_blocks - prompt_blocks
     while remaining > 0:
         count = min(chain_blocks, remaining)
-        # Same first token as the prompt on some chains so root children are plentiful.
+        # Unrelated chains: they fill the hash map and give the root many children to scan.
         tokens = [rng.randrange(150_000) for _ in range(count * block_size)]
         cache.store(root, tokens, [], [SizedPayload(1)] * count)
         remaining -= count
@@ -84,9 +85,10 @@ def main() -> None:
     rng = random.Random(0)
     prompt = [rng.randrange(150_000) for _ in range(args.prompt_tokens)]
     # Four images of 256 placeholder tokens, as a multi-image chat would have.
+    starts = range(1000, args.prompt_tokens - 256, args.prompt_tokens // 4)
     spans = [
         ImageSpan(ImageHash(bytes([index + 1]) * 16), start, start + 256)
-        for index, start in enumerate(range(1000, args.prompt_tokens - 256, args.prompt_tokens // 4))
+        for index, start in enumerate(starts)
     ]
     prompt_array = np.array(prompt, dtype=np.int32)
 
@@ -97,11 +99,12 @@ def main() -> None:
     print(f"prompt: {len(prompt)} tokens, {len(spans)} image spans")
 
     hashing = timed(lambda: chain_hashes(root, prompt_array, spans, size), args.repeats)
-    rate = len(prompt) / (statistics.median(hashing) / 1e3)
-    print(f"\nchain_hashes (numpy input)        {summary(hashing)}   {rate / 1e6:6.1f} M tokens/s")
     hashing_list = timed(lambda: chain_hashes(root, prompt, spans, size), args.repeats)
-    rate = len(prompt) / (statistics.median(hashing_list) / 1e3)
-    print(f"chain_hashes (list input)         {summary(hashing_list)}   {rate / 1e6:6.1f} M tokens/s")
+    print()
+    for name, times in (("numpy", hashing), ("list", hashing_list)):
+        rate = len(prompt) / (statistics.median(times) / 1e3) / 1e6
+        label = f"chain_hashes ({name} input)"
+        print(f"{label:<33} {summary(times)}   {rate:6.1f} M tokens/s")
 
     half = prompt[: len(prompt) // 2] + [rng.randrange(150_000) for _ in range(len(prompt) // 2)]
     miss = [prompt[0] + 1] + prompt[1:]

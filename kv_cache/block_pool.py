@@ -72,7 +72,12 @@ class BlockPool:
         return frozenset(self._by_owner.get(owner, ()))
 
     def add(self, block: Block) -> None:
-        """Make a new block resident as the most recently used one."""
+        """Make a new block resident.
+
+        It becomes the most recently used block, except under an unreferenced parent: then it
+        takes the parent's age and goes just before it, so that a parent never ages out
+        before its child.
+        """
         if block.block_hash in self._blocks:
             raise ValueError(f"block {block.block_hash.hex()} is already resident")
         if block.resident or block.children or block.prev_free is not None:
@@ -89,6 +94,12 @@ class BlockPool:
             block.children = orphans
         for owner in block.owners:
             self._by_owner.setdefault(owner, set()).add(block)
+        if block.ref_count == 0 and parent is not None and parent.prev_free is not None:
+            # Harvesting a chain block by block adds each block under the one before: placing
+            # it just ahead of its parent keeps the chain aging deepest first, in O(1).
+            block.last_access = parent.last_access
+            self._free.insert_before(parent, block)
+            return
         block.last_access = self._clock()
         if block.ref_count == 0:
             self._free.append(block)

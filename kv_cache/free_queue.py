@@ -55,6 +55,19 @@ class FreeQueue:
         self._tail.prev_free = block
         self._length += 1
 
+    def insert_before(self, anchor: Block, block: Block) -> None:
+        """Add ``block`` just before the queued ``anchor`` (one step less recently used)."""
+        before = anchor.prev_free
+        if before is None:
+            raise ValueError(f"anchor block {anchor.block_hash.hex()} is not queued")
+        if block.prev_free is not None:
+            raise ValueError(f"block {block.block_hash.hex()} is already queued")
+        before.next_free = block
+        block.prev_free = before
+        block.next_free = anchor
+        anchor.prev_free = block
+        self._length += 1
+
     def first(self) -> Block | None:
         """The least recently used block, or None when empty."""
         node = self._head.next_free

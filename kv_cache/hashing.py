@@ -3,7 +3,8 @@
 Block ``i`` of a prompt covers tokens ``[i*B, (i+1)*B)``. Its hash chains the parent's digest,
 the block's token ids and the "extra keys" of the images whose placeholder spans overlap it::
 
-    h_i = xxh3_128(h_{i-1} || u32 n || tokens as int32 LE || u32 k || k * (u32 len || hash || i64 off))
+    h_i = xxh3_128(h_{i-1} || u32 n || n * int32 LE token
+                   || u32 k || k * (u32 len || image hash || i64 offset))
     h_-1 = root = xxh3_128(tag || u32 format version || u32 len || fingerprint || u32 len || salt)
 
 Every variable-length part carries its length, so two different inputs can never encode to the
@@ -246,7 +247,9 @@ def token_array(tokens: Sequence[int] | np.ndarray) -> np.ndarray:
         # Other array types (e.g. mlx) convert through the buffer protocol.
         array = np.asarray(tokens)
     if array.ndim != 1 or not (array.dtype.kind in "iu" or array.size == 0):
-        raise ValueError(f"token ids must be a 1-D integer sequence, got {array.dtype}{array.shape}")
+        raise ValueError(
+            f"token ids must be a 1-D integer sequence, got {array.dtype}{array.shape}"
+        )
     if array.size and array.dtype.itemsize >= 4 and array.dtype != np.dtype("<i4"):
         low, high = int(array.min()), int(array.max())
         if low < -(2**31) or high >= 2**31:

@@ -33,6 +33,11 @@ class BlockPayload:
         return cls(layers, checkpoint, size)
 
     @property
+    def checkpointed(self) -> bool:
+        """A restore point of its own for recurrent layers (see ``PrefixCache``)."""
+        return self.checkpoint is not None
+
+    @property
     def length(self) -> int:
         """Positions covered (0 when the model has no attention layer)."""
         for s in self.layers:

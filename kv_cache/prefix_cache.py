@@ -12,8 +12,9 @@ takes full blocks ending at or before ``len(tokens) - 1``, and the tail is cappe
 bound. A fully cached final block therefore appears as a tail candidate with ``B - 1`` tokens.
 
 Eviction. Strict LRU over unreferenced blocks, any depth. ``touch``, ``release`` and ``store``
-stamp a chain deepest block first, and every use of a block also uses its ancestors, so a
-parent is never older than its children and leaves go first. If a parent does go first (its
+stamp a chain deepest block first, a block inserted under an unreferenced parent is queued just
+before it, and every use of a block also uses its ancestors, so a parent is never older than
+its children and leaves go first. If a parent does go first (its
 children were pinned), its children stay resident, detached: a RAM-only walk cannot reach them
 and they age out, but a lower tier that hands the parent back re-attaches them.
 
@@ -21,7 +22,9 @@ Partial blocks. The trailing ``< B`` tokens of a stored sequence are kept as a p
 the last full block. A new full block or longer partial that covers a stored partial (same
 leading tokens, same image keys there) supersedes it: the partial is dropped and its bytes
 freed (a referenced one when released), without going to ``on_evict`` since the covering block
-holds the same positions. Storing a partial that an existing child already covers stores
+holds the same positions. Exception: a partial whose payload is ``checkpointed`` (it carries
+recurrent state taken at exactly its end) is a restore point of its own; it is neither
+superseded nor refused as covered. Storing a partial that an existing child already covers stores
 nothing and returns that child.
 
 Spilling. ``on_evict(block)`` is called exactly once for each block leaving RAM by eviction,
@@ -333,7 +336,9 @@ class PrefixCache:
         size = self._block_size
         full, rest = divmod(len(ids), size)
         if len(payloads) != full:
-            raise ValueError(f"{len(ids)} tokens make {full} full blocks, got {len(payloads)} payloads")
+            raise ValueError(
+                f"{len(ids)} tokens make {full} full blocks, got {len(payloads)} payloads"
+            )
         if partial_payload is not None and rest == 0:
             raise ValueError(f"partial_payload given but {len(ids)} tokens leave no partial block")
         token_bytes = array.tobytes()
@@ -391,7 +396,7 @@ class PrefixCache:
                 pool.add_owner(existing, owner)
             self.stats.already_present += 1
             return existing
-        if partial:
+        if partial and not _checkpointed(payload):
             cover = self._covering_child(parent, tokens, extra)
             if cover is not None:
                 pool.touch(cover)
@@ -434,6 +439,7 @@ class PrefixCache:
             sibling
             for sibling in self._pool.children_of(block.parent).values()
             if sibling.is_partial
+            and not _checkpointed(sibling.payload)
             and len(sibling.tokens) < len(block.tokens)
             and block.tokens[: len(sibling.tokens)] == sibling.tokens
             and _keys_before(block.extra, len(sibling.tokens)) == sibling.extra
@@ -489,6 +495,15 @@ class PrefixCache:
     def _spill(self, block: Block) -> None:
         if self._on_evict is not None:
             self._on_evict(block)
+
+
+def _checkpointed(payload: Payload | None) -> bool:
+    """Whether a payload is a restore point of its own (``payload.checkpointed``).
+
+    Recurrent state can be restored only at the exact length a checkpoint was taken, so a
+    covering block (without a checkpoint at that length) does not make such a partial redundant.
+    """
+    return bool(getattr(payload, "checkpointed", False))
 
 
 def _common_prefix(stored: tuple[int, ...], window: tuple[int, ...], cap: int) -> int:

@@ -37,9 +37,10 @@ class Positions:
 
 class Architecture(Protocol):
     marker_id: int
-    # Token ids that must never reach the prompt except through image expansion
-    # (they would desynchronise placeholders from image features).
-    image_token_ids: frozenset[int]
+    # Token ids that may enter a prompt only through image expansion, because the model
+    # derives positions from them (Qwen M-RoPE scans for vision-start/image tokens). A spliced
+    # reply (ReplyLedger) containing one is re-tokenized as text instead.
+    reserved_ids: frozenset[int]
 
     def expand(self, layout: ImageLayout) -> Expansion: ...
 
@@ -63,7 +64,7 @@ class QwenArchitecture:
             value = getattr(cfg, name, None)
             if isinstance(value, int):
                 vision_ids.add(value)
-        self.image_token_ids = frozenset(vision_ids)
+        self.reserved_ids = frozenset(vision_ids)
         self._lm = model.language_model
 
     def expand(self, layout: ImageLayout) -> Expansion:
@@ -92,7 +93,9 @@ class Gemma3Architecture:
         self._image_id = int(cfg.image_token_index)
         self._eoi_id = int(tokenizer.convert_tokens_to_ids(tokenizer.eoi_token))
         self._newlines = tuple(tokenizer.encode("\n\n", add_special_tokens=False))
-        self.image_token_ids = frozenset({self._image_id, self.marker_id, self._eoi_id})
+        # Image features are placed by span and positions come from cache offsets, so no id
+        # changes how a prompt is read.
+        self.reserved_ids: frozenset[int] = frozenset()
 
     def expand(self, layout: ImageLayout) -> Expansion:
         n = layout.num_tokens

@@ -184,6 +184,6 @@ class PromptBuilder:
     def _text_ids(self, role: str, text: str, namespace: str) -> list[int]:
         if role == "assistant":
             ids = self._ledger.get(namespace, text)
-            if ids is not None and not self._arch.image_token_ids.intersection(ids):
+            if ids is not None and not self._arch.reserved_ids.intersection(ids):
                 return list(ids)
         return self.encode_plain(text)

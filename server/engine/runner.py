@@ -100,6 +100,7 @@ class ModelRunner:
         sliding = [w for w in windows if w]
         # Decode must copy K/V out before it leaves the smallest sliding window.
         self._decode_interval = min([self._B, *sliding])
+        self._recurrent = any(f.needs_checkpoint for f in self._families)
         self.ram = RamTier(settings.ram_budget_bytes)
         self.prefix_cache = PrefixCache(self._B, self.ram)
         vision_budget = settings.vision_budget_bytes or max(self.ram.budget_bytes // 8, 16 << 20)
@@ -208,6 +209,11 @@ class ModelRunner:
         self.prefix_cache.acquire(used)
         try:
             self.prefix_cache.touch(used)
+            if request.session_id is not None:
+                # A session that reuses blocks depends on them: it owns them too (erasure of
+                # another session must not take them away).
+                for block in plan.blocks:
+                    self.prefix_cache.pool.add_owner(block, request.session_id)
             if plan.length > 0:
                 caches, seed = restore_caches(plan, self._new_caches(), self._families)
             else:
@@ -316,27 +322,33 @@ class ModelRunner:
         harvester: Harvester,
         tokens: list[int],
     ) -> mx.array:
-        """Prefill [start, n) in chunks; returns the logits of the last prompt position."""
+        """Prefill [start, n) in chunks; returns the logits of the last prompt position.
+
+        Stops (each a forward call boundary) fall on multiples of the chunk size (recurrent
+        checkpoints land on boundaries other prompts share), on the last block boundary, and
+        on the end-of-prompt snapshot point: ``n`` for attention-only models (they trim, so the
+        snapshot also serves an identical prompt at ``n - 1``), ``n - 1`` for recurrent ones
+        (a checkpoint at ``n`` could never serve the same prompt again: one token must be left).
+        """
         n = int(ids.shape[0])
         last_boundary = n // self._B * self._B
+        snapshot = n - 1 if self._recurrent else n
+        stops = {n, last_boundary, snapshot}
+        stops.update(range((start // self._chunk + 1) * self._chunk, n, self._chunk))
         pos = start
         logits = None
-        while pos < n:
-            # Chunks end on multiples of the chunk size (checkpoints land on shared
-            # boundaries), and once more at the last block boundary of the prompt.
-            end = min(n, (pos // self._chunk + 1) * self._chunk)
-            if pos < last_boundary < end:
-                end = last_boundary
+        for end in sorted(p for p in stops if p > start):
             chunk_ids = mx.array(ids[pos:end])
             chunk_pos = positions.position_ids[..., pos:end] if positions is not None else None
             logits = self._lm_call(chunk_ids, embeds[pos - start : end - start], caches, chunk_pos)
             mx.eval(logits[:, -1, :], [c.state for c in caches])
             pos = end
             harvester.collect(caches, pos)
-            if pos % self._chunk == 0 or pos == last_boundary or pos == n:
+            if pos % self._chunk == 0 or pos == last_boundary or pos == snapshot:
                 harvester.checkpoint(caches, pos)
             harvester.flush_full(tokens)
-        harvester.flush_partial(tokens)
+            if pos == snapshot:
+                harvester.flush_partial(tokens)
         assert logits is not None
         return logits[0, -1, :]
 

@@ -157,3 +157,17 @@ def test_evicted_chain_prefix_stops_lookup() -> None:
     cache.ram.set_budget(20)
     assert spilled == [blocks[0]]
     assert cache.lookup(ROOT, toks("A B C D E F G H I J K L M")).hit_tokens == 0
+
+
+def test_chain_harvested_block_by_block_ages_deepest_first() -> None:
+    spilled = []
+    cache = make_cache(budget=40, spilled=spilled)
+    store(cache, toks("M N O P"), label="y")
+    parent = ROOT
+    for index, text in enumerate(("A B C D", "E F G H", "I J K L")):
+        block = cache.insert_block(parent, toks(text), (), Blob(10, f"x{index}"), partial=False)
+        parent = block.block_hash
+    assert labels(cache.pool.free_blocks()) == ["y0", "x2", "x1", "x0"]
+    store(cache, toks("Q R S T E F"), partial=False, label="z")
+    store(cache, toks("U V W X"), label="w")
+    assert labels(spilled) == ["y0", "x2"]

@@ -40,7 +40,9 @@ def test_golden_block_hashes() -> None:
     root = make_root()
     assert hash_block(root, [1, 2, 3, 4], ()).hex() == "38a3cc6cc57f9c4c36c9011cf888b9a6"
     assert hash_block(root, [1, 2, 3, 4], ((IMG_A, 2),)).hex() == "2c110a359ca7426c7d80f65ecd45af88"
-    assert hash_block(root, [1, 2, 3, 4], ((IMG_A, -3),)).hex() == "2d1f2da7d0df6312c8b2e16d25a9bc8f"
+    assert (
+        hash_block(root, [1, 2, 3, 4], ((IMG_A, -3),)).hex() == "2d1f2da7d0df6312c8b2e16d25a9bc8f"
+    )
 
 
 def test_golden_chain() -> None:

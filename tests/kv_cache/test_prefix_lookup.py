@@ -166,7 +166,8 @@ def test_forged_collision_is_not_served() -> None:
     cache = make_cache()
     wanted = toks("A B C D")
     # A block whose hash is that of "A B C D" but whose stored tokens are different.
-    forged = Block(hash_block(ROOT, wanted, ()), ROOT, tuple(toks("W X Y Z")), (), Blob(10), 10, False)
+    forged_hash = hash_block(ROOT, wanted, ())
+    forged = Block(forged_hash, ROOT, tuple(toks("W X Y Z")), (), Blob(10), 10, False)
     cache.pool.add(forged)
     hit = cache.lookup(ROOT, wanted + toks("E"))
     assert hit.blocks == ()
@@ -179,7 +180,8 @@ def test_forged_collision_is_not_served() -> None:
 def test_forged_collision_sharing_a_prefix_serves_only_its_real_tokens() -> None:
     cache = make_cache()
     wanted = toks("A B C D")
-    forged = Block(hash_block(ROOT, wanted, ()), ROOT, tuple(toks("A B Y Z")), (), Blob(10), 10, False)
+    forged_hash = hash_block(ROOT, wanted, ())
+    forged = Block(forged_hash, ROOT, tuple(toks("A B Y Z")), (), Blob(10), 10, False)
     cache.pool.add(forged)
     hit = cache.lookup(ROOT, wanted + toks("E"))
     assert hit.blocks == ()

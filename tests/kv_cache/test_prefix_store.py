@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pytest
 
 from kv_cache.hashing import ImageSpan, block_extra_keys, chain_hashes, hash_block
@@ -133,7 +135,9 @@ def test_insert_block_harvest_matches_store() -> None:
         )
         harvested.append(block)
         parent = block.block_hash
-    tail = cache.insert_block(parent, tokens[8:], block_extra_keys(8, 2, spans), Blob(5), partial=True)
+    tail = cache.insert_block(
+        parent, tokens[8:], block_extra_keys(8, 2, spans), Blob(5), partial=True
+    )
     assert [block.block_hash for block in harvested] == hashes
     assert tail.is_partial and tail.tokens == tuple(tokens[8:])
     again = store(cache, tokens, spans=spans, owner="s2")
@@ -175,3 +179,35 @@ def test_remove_owner_returns_unowned_blocks() -> None:
     assert len(cache) == 2
     assert cache.stats.discarded == 1
     assert cache.ram.used_bytes == 20
+
+
+@dataclass(frozen=True)
+class Checkpointed:
+    """A payload carrying recurrent state taken exactly at its block's end."""
+
+    nbytes: int
+    checkpointed: bool = True
+
+
+def test_checkpointed_partial_is_neither_superseded_nor_covered() -> None:
+    cache = make_cache()
+    (first,) = store(cache, toks("A B C D"), partial=False)
+    kept = cache.insert_block(
+        first.block_hash, toks("E F"), (), Checkpointed(10), "s1", partial=True
+    )
+    assert kept is not None
+    full = store(cache, toks("A B C D E F G H"), partial=False)
+    assert kept.resident
+    assert set(first.children.values()) == {kept, full[1]}
+    # A new checkpointed partial under a covering full block is stored, not folded into it.
+    shorter = cache.insert_block(
+        first.block_hash, toks("E"), (), Checkpointed(10), "s1", partial=True
+    )
+    assert shorter is not None and shorter is not full[1] and shorter.resident
+    assert cache.stats.superseded_partials == 0 and cache.stats.covered_partials == 0
+    hit = cache.lookup(ROOT, toks("A B C D E F X"))
+    assert [(b.tokens, m) for b, m in hit.tail_candidates] == [
+        (tuple(toks("E F G H")), 2),
+        (tuple(toks("E F")), 2),
+        (tuple(toks("E")), 1),
+    ]

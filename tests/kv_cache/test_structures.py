@@ -139,3 +139,24 @@ def test_tree_nbytes() -> None:
     tree = {"layers": [(keys, keys), (keys, None)], "state": (np.zeros(10, dtype=np.int64),)}
     assert tree_nbytes(tree) == 3 * 2048 + 80
     assert tree_nbytes(None) == 0
+
+
+def test_free_queue_insert_before() -> None:
+    queue = FreeQueue()
+    a, b, c = (make_block(name) for name in "abc")
+    queue.append(a)
+    queue.insert_before(a, b)
+    queue.insert_before(a, c)
+    assert names(queue) == ["b", "c", "a"]
+    with pytest.raises(ValueError, match="not queued"):
+        queue.insert_before(make_block("d"), make_block("e"))
+
+
+def test_pool_queues_a_child_just_before_its_unreferenced_parent() -> None:
+    pool = BlockPool()
+    other, parent, child = make_block("o"), make_block("p"), make_block("c", "p")
+    pool.add(parent)
+    pool.add(other)
+    pool.add(child)
+    assert names(pool.free_blocks()) == ["c", "p", "o"]
+    assert child.last_access == parent.last_access < other.last_access

@@ -38,8 +38,8 @@ class LiveServer:
         return OpenAI(base_url=self.base_url + "/v1", api_key=api_key, max_retries=0,
                       timeout=60.0, **kwargs)
 
-    def http(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.base_url, timeout=60.0, **kwargs)
+    def http(self, timeout: float = 60.0, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.base_url, timeout=timeout, **kwargs)
 
 
 def make_config(model_path: Path, cache_dir: Path, **overrides: Any) -> ServerConfig:

@@ -85,22 +85,6 @@ def test_streaming_without_include_usage_has_no_usage_field(live_server: LiveSer
     assert payloads[-1]["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_five_turn_image_conversation_cached_tokens_grow(live_server: LiveServer) -> None:
-    """Needs the engine's prefix cache: turn 1 is cold, each later turn reuses more."""
-    client = live_server.client()
-    messages = [image_message("Look at this picture carefully.", png_data_url((40, 40), (10, 10, 250)))]
-    cached: list[int] = []
-    for turn in range(5):
-        reply = client.chat.completions.create(model=live_server.model, messages=messages,
-                                               max_tokens=4, temperature=0,
-                                               extra_headers={"X-Session-Id": "five-turns"})
-        cached.append(reply.usage.prompt_tokens_details.cached_tokens)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                     {"role": "user", "content": f"Tell me more, part {turn + 2}."}]
-    assert cached[0] == 0
-    assert all(b > a for a, b in zip(cached, cached[1:])), cached
-
-
 def test_stop_string_truncates_and_finishes_with_stop(live_server: LiveServer) -> None:
     client = live_server.client()
     messages = [{"role": "user", "content": "Write something long about stop strings."}]
@@ -150,7 +134,7 @@ def test_models_health_and_stats(live_server: LiveServer) -> None:
 
 def test_client_disconnect_mid_stream_stops_generation(live_server: LiveServer) -> None:
     """Closing the connection after the first chunk cancels the request; the server goes on."""
-    body = {"model": live_server.model, "max_tokens": 4000, "temperature": 0,
+    body = {"model": live_server.model, "max_tokens": 4000, "temperature": 0, "stream": True,
             "messages": [{"role": "user", "content": "Count forever, please."}]}
     with live_server.http() as http:
         before = http.get("/v1/cache/stats", params={"tenant": "default"}).json()["stats"]
@@ -160,8 +144,27 @@ def test_client_disconnect_mid_stream_stops_generation(live_server: LiveServer) 
             assert first.startswith("data: ")
         # Stats run on the engine thread after the cancelled request has finished.
         after = http.get("/v1/cache/stats", params={"tenant": "default"}).json()["stats"]
-        ok = http.post("/v1/chat/completions", json={**body, "max_tokens": 1})
+        ok = http.post("/v1/chat/completions", json={**body, "max_tokens": 1, "stream": False})
         assert ok.status_code == 200
+    generated = after["completion_tokens"] - before["completion_tokens"]
+    assert 1 <= generated < 4000
+
+
+def test_client_timeout_on_plain_request_stops_generation(live_server: LiveServer) -> None:
+    """A non-streaming client that gives up (closes the connection) cancels its request too."""
+    body = {"model": live_server.model, "max_tokens": 4000, "temperature": 0,
+            "messages": [{"role": "user", "content": "Count forever, slowly."}]}
+    with live_server.http() as http:
+        before = http.get("/v1/cache/stats", params={"tenant": "default"}).json()["stats"]
+    with live_server.http(timeout=0.5) as impatient:
+        try:
+            impatient.post("/v1/chat/completions", json=body)
+        except httpx.ReadTimeout:
+            pass
+        else:
+            raise AssertionError("4000 tokens were generated within the client's 0.5 s timeout")
+    with live_server.http() as http:
+        after = http.get("/v1/cache/stats", params={"tenant": "default"}).json()["stats"]
     generated = after["completion_tokens"] - before["completion_tokens"]
     assert 1 <= generated < 4000
 
