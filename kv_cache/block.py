@@ -40,6 +40,8 @@ class Block:
         ref_count: Number of active users; a referenced block is never evicted.
         last_access: Value of the RAM tier's clock at the last use (higher is newer).
         owners: Session ids whose tokens produced this block (for erasure).
+        namespace: Storage namespace of the tenant whose chain holds the block (a digest of
+            the tenant salt), so a lower tier can file the block under it; None when unknown.
         children: Stored children (full and partial) of this block, by hash.
         resident: True while the block is in the pool (reachable by hash).
         prev_free: Previous block in the free queue (intrusive link).
@@ -56,6 +58,7 @@ class Block:
     ref_count: int = 0
     last_access: int = 0
     owners: set[str] = field(default_factory=set)
+    namespace: str | None = None
     children: dict[BlockHash, Block] = field(default_factory=dict, repr=False)
     resident: bool = False
     prev_free: Block | None = field(default=None, repr=False)

@@ -230,9 +230,7 @@ class PrefixCache:
         window_extra = block_extra_keys(start, len(window), spans) if spans else ()
         found = []
         for child in children.values():
-            matched = _common_prefix(child.tokens, window, cap)
-            if matched and (child.extra or window_extra):
-                matched = _agreeing_prefix(child.extra, window_extra, matched)
+            matched = tail_match(child.tokens, child.extra, window, window_extra, cap)
             if matched:
                 found.append((child, matched))
         # Deterministic order: most tokens, then full before partial, then by hash.
@@ -277,6 +275,7 @@ class PrefixCache:
         owner: str | None = None,
         *,
         partial: bool,
+        namespace: str | None = None,
     ) -> Block | None:
         """Store one block under ``parent`` (as the engine harvests it).
 
@@ -287,6 +286,8 @@ class PrefixCache:
             payload: The engine's payload; may be None only if the block turns out present.
             owner: Session id that produced the block.
             partial: Whether this is a trailing partial block.
+            namespace: Tenant storage namespace recorded on a new block (lower tiers file
+                the block under it).
 
         Returns:
             The resident block: the new one; the one already stored with this hash (touched,
@@ -304,7 +305,7 @@ class PrefixCache:
             raise ValueError(f"full block needs {self._block_size} tokens, got {count}")
         digest = hash_block_bytes(parent, array.tobytes(), count, encode_extra(extra))
         return self._insert(
-            parent, digest, tuple(array.tolist()), tuple(extra), payload, owner, partial
+            parent, digest, tuple(array.tolist()), tuple(extra), payload, owner, partial, namespace
         )
 
     def store(
@@ -315,6 +316,7 @@ class PrefixCache:
         payloads: Sequence[Payload | None],
         partial_payload: Payload | None = None,
         owner: str | None = None,
+        namespace: str | None = None,
     ) -> list[Block]:
         """Store a whole sequence: its full blocks and, with ``partial_payload``, its tail.
 
@@ -325,6 +327,7 @@ class PrefixCache:
             payloads: One per full block; None allowed for blocks already resident.
             partial_payload: Payload of the trailing ``len(tokens) % block_size`` tokens.
             owner: Session id that produced the sequence.
+            namespace: Tenant storage namespace recorded on new blocks.
 
         Returns:
             The blocks resident after the call, in chain order (see ``insert_block`` for
@@ -355,6 +358,7 @@ class PrefixCache:
                 payloads[index],
                 owner,
                 False,
+                namespace,
             )
             if block is not None:
                 stored.append(block)
@@ -363,7 +367,9 @@ class PrefixCache:
             start = full * size
             extra = block_extra_keys(start, rest, spans)
             digest = hash_block_bytes(parent, token_bytes[start * 4 :], rest, encode_extra(extra))
-            block = self._insert(parent, digest, ids[start:], extra, partial_payload, owner, True)
+            block = self._insert(
+                parent, digest, ids[start:], extra, partial_payload, owner, True, namespace
+            )
             if block is not None:
                 stored.append(block)
         stored = [block for block in stored if block.resident]
@@ -379,6 +385,7 @@ class PrefixCache:
         payload: Payload | None,
         owner: str | None,
         partial: bool,
+        namespace: str | None = None,
     ) -> Block | None:
         pool = self._pool
         existing = pool.get(digest)
@@ -407,7 +414,7 @@ class PrefixCache:
         nbytes = payload.nbytes
         if not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"payload.nbytes must be an int >= 0, got {nbytes!r}")
-        block = Block(digest, parent, tokens, extra, payload, nbytes, partial)
+        block = Block(digest, parent, tokens, extra, payload, nbytes, partial, namespace=namespace)
         if owner is not None:
             block.owners.add(owner)
         if not self._ram.reserve(nbytes):
@@ -495,6 +502,34 @@ class PrefixCache:
     def _spill(self, block: Block) -> None:
         if self._on_evict is not None:
             self._on_evict(block)
+
+
+def tail_match(
+    stored: tuple[int, ...],
+    stored_extra: tuple[ExtraKey, ...],
+    window: tuple[int, ...],
+    window_extra: tuple[ExtraKey, ...],
+    cap: int,
+) -> int:
+    """Tokens of a stored block usable as the tail of a request (the ``lookup`` tail rule).
+
+    Lower tiers match their own stored children with the same rule as RAM.
+
+    Args:
+        stored: The stored block's tokens.
+        stored_extra: Its extra keys.
+        window: The request's next tokens (at most one block).
+        window_extra: Extra keys of ``window`` (``block_extra_keys`` with its length).
+        cap: Most tokens that may match.
+
+    Returns:
+        The longest common prefix of ``stored`` and ``window`` (at most ``cap``), cut where
+        the image keys first disagree.
+    """
+    matched = _common_prefix(stored, window, cap)
+    if matched and (stored_extra or window_extra):
+        matched = _agreeing_prefix(stored_extra, window_extra, matched)
+    return matched
 
 
 def _checkpointed(payload: Payload | None) -> bool:

@@ -150,6 +150,7 @@ class ServerConfig:
             model, fixture = values.get("model", None), values.get("fixture", None)
         if model is not None and fixture is not None:
             raise ValueError(f"give either --model ({model}) or --fixture ({fixture}), not both")
+        default_name = None
         if model is not None:
             model_path = Path(model).expanduser()
         else:
@@ -160,6 +161,8 @@ class ServerConfig:
             family = fixture or DEFAULT_FIXTURE
             preset = values.get("fixture_preset", DEFAULT_FIXTURE_PRESET)
             model_path = Path(resolve_fixture(family, preset))
+            # A stable name for clients: the directory name carries a version digest.
+            default_name = f"{family}-{preset}"
 
         ram_budget = values.get("ram_budget", None, parse_byte_size)
         vision_budget = values.get("vision_budget", None, parse_byte_size)
@@ -178,7 +181,7 @@ class ServerConfig:
             host=values.get("host", "127.0.0.1"),
             port=values.get("port", 8000, int),
             keys_file=Path(keys).expanduser() if keys else None,
-            model_name=values.get("model_name", None),
+            model_name=values.get("model_name", default_name),
             max_images=values.get("max_images", 8, int),
             max_image_pixels=values.get("max_image_pixels", 4096 * 4096, parse_pixel_count),
             max_image_bytes=values.get("max_image_bytes", 20 * 2**20, parse_byte_size),
@@ -221,13 +224,14 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     Every flag defaults to None so that ``ServerConfig.from_args`` can tell a flag that was not
     given (fall back to ``VLMCACHE_<NAME>``, then the default) from one that was.
     """
+    parser.epilog = ("Every flag can also come from the environment as VLMCACHE_<FLAG> (upper case, "
+                     "dashes as underscores, e.g. VLMCACHE_RAM_BUDGET=2GiB); a flag wins over "
+                     "its variable.")
     model = parser.add_argument_group("model")
     source = model.add_mutually_exclusive_group()
-    source.add_argument("--model", metavar="PATH",
-                        help="directory of an mlx-vlm model [env VLMCACHE_MODEL]")
+    source.add_argument("--model", metavar="PATH", help="directory of an mlx-vlm model")
     source.add_argument("--fixture", metavar="NAME",
-                        help=f"serve a tiny built-in fixture model (default {DEFAULT_FIXTURE}) "
-                             "[env VLMCACHE_FIXTURE]")
+                        help=f"serve a tiny built-in fixture model (default {DEFAULT_FIXTURE})")
     model.add_argument("--fixture-preset", metavar="PRESET",
                        help=f"fixture size preset (default {DEFAULT_FIXTURE_PRESET})")
     model.add_argument("--model-name", metavar="NAME",

@@ -95,6 +95,13 @@ _HTTP_STATUS_FIELDS: dict[int, tuple[str, str | None]] = {
 }
 
 
+def _phrase(status: int) -> str:
+    try:
+        return HTTPStatus(status).phrase
+    except ValueError:
+        return f"HTTP {status}"
+
+
 def _from_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> ApiError:
     status = exc.status_code
     error_type, code = _HTTP_STATUS_FIELDS.get(status, (SERVER_ERROR if status >= 500 else INVALID_REQUEST, None))
@@ -104,11 +111,12 @@ def _from_http_exception(request: Request[Any, Any, Any], exc: HTTPException) ->
     elif isinstance(exc, MethodNotAllowedException):
         message = f"method {request.method} is not allowed on {request.url.path}"
     elif status == 413:
-        message = "request body too large"
+        limit = request.route_handler.resolve_request_max_body_size()
+        message = "request body too large" + (f": the limit is {limit} bytes" if limit else "")
     elif status >= 500:
-        message = HTTPStatus(status).phrase if status in HTTPStatus._value2member_map_ else "server error"
+        message = _phrase(status)  # the detail may hold internals
     else:
-        message = exc.detail or HTTPStatus(status).phrase
+        message = exc.detail or _phrase(status)
     return ApiError(status, message, type=error_type, code=code, headers=headers)
 
 

@@ -79,19 +79,27 @@ class Harvester:
         """Copy K/V of [harvested, fed) out of the live caches."""
         if fed <= self._harvested:
             return
+        pieces = []
         for i, (fam, cache) in enumerate(zip(self._families, caches)):
             if fam.stores_positions:
-                self._pending[i].append(fam.harvest(cache, self._harvested, fed))
+                piece = fam.harvest(cache, self._harvested, fed)
+                self._pending[i].append(piece)
+                pieces.extend((piece.keys, piece.values))
+        # Materialize now: a lazy slice would keep the live cache's whole buffer alive (and
+        # the buffer is replaced as the cache grows).
+        mx.eval(pieces)
         self._harvested = fed
 
     def checkpoint(self, caches: Sequence[Any], fed: int) -> None:
         """Snapshot recurrent layers at length ``fed`` (no-op for attention-only models)."""
         if not self._has_recurrent:
             return
-        self._checkpoints[fed] = tuple(
+        checkpoint = tuple(
             fam.checkpoint(cache) if fam.needs_checkpoint else None
             for fam, cache in zip(self._families, caches)
         )
+        mx.eval([c.arrays for c in checkpoint if c is not None])
+        self._checkpoints[fed] = checkpoint
 
     def flush_full(self, tokens: Sequence[int]) -> None:
         """Store every complete block of pending positions."""
@@ -156,4 +164,7 @@ class Harvester:
                     if rest
                     else []
                 )
+        mx.eval([(s.keys, s.values) for s in out if s is not None], [
+            (p.keys, p.values) for pending in self._pending for p in pending
+        ])
         return tuple(out)
