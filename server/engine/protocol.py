@@ -41,3 +41,8 @@ class Engine(Protocol):
     def cache_stats(self, tenant: Tenant | None) -> Mapping[str, Any]:
         """JSON-able cache statistics for one tenant, or for all tenants when None (admin)."""
         ...
+
+    def close(self) -> None:
+        """Flush background work (disk writes) and release resources; called once at shutdown
+        on the engine thread."""
+        ...
