@@ -123,7 +123,8 @@ class PrefixCache:
         on_evict: Receives each block that leaves (or is refused by) RAM, once.
     """
 
-    __slots__ = ("_block_size", "_ram", "_on_evict", "_pool", "_resident_bytes", "stats")
+    __slots__ = ("_block_size", "_ram", "_on_evict", "_pool", "_resident_bytes", "stats",
+                 "_eviction_listeners")
 
     def __init__(
         self,
@@ -139,6 +140,7 @@ class PrefixCache:
         self._pool = BlockPool(clock=self._ram.tick)
         self._resident_bytes = 0
         self.stats = PrefixCacheStats()
+        self._eviction_listeners: list[Callable[[Block], None]] = []
         self._ram.register(self)
 
     @property
@@ -499,7 +501,17 @@ class PrefixCache:
         if block.ref_count == 0:
             self._ram.discharge(block.nbytes)
 
+    def watch_evictions(self, listener: Callable[[Block], None]) -> None:
+        """Also tell ``listener`` of every block ``on_evict`` receives (before it does).
+
+        For observers that must not take part in spilling, e.g. the ghost list of miss-reason
+        attribution.
+        """
+        self._eviction_listeners.append(listener)
+
     def _spill(self, block: Block) -> None:
+        for listener in self._eviction_listeners:
+            listener(block)
         if self._on_evict is not None:
             self._on_evict(block)
 

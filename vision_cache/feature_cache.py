@@ -14,7 +14,6 @@ after the lock is released, so it may call back into the cache.
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import OrderedDict
@@ -22,6 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from kv_cache.sizing import tree_nbytes
 from vision_cache.hashing import ImageHash
 
 EvictCallback = Callable[["FeatureKey", "CachedFeatures"], None]
@@ -67,26 +67,13 @@ class CachedFeatures:
 def features_nbytes(obj: Any) -> int:
     """Bytes held by an array or a (nested) tuple/list/dict of arrays, from shape x dtype.
 
-    Works for MLX arrays (``dtype.size``) and NumPy arrays (``dtype.itemsize``) without
-    evaluating lazy MLX graphs. ``None`` counts 0.
+    The same sizing as KV payloads (``kv_cache.sizing.tree_nbytes``): one byte budget can be
+    shared by both caches. Lazy MLX graphs are not evaluated; ``None`` counts 0.
 
     Raises:
         TypeError: For an object that is neither an array nor a container of arrays.
     """
-    if obj is None:
-        return 0
-    if isinstance(obj, (tuple, list)):
-        return sum(features_nbytes(item) for item in obj)
-    if isinstance(obj, Mapping):
-        return sum(features_nbytes(item) for item in obj.values())
-    shape = getattr(obj, "shape", None)
-    dtype = getattr(obj, "dtype", None)
-    if shape is None or dtype is None:
-        raise TypeError(f"cannot size a {type(obj).__name__}: expected an array or a container of arrays")
-    item_size = getattr(dtype, "itemsize", None)
-    if item_size is None:
-        item_size = dtype.size
-    return math.prod(shape) * int(item_size)
+    return tree_nbytes(obj)
 
 
 @dataclass(frozen=True, slots=True)

@@ -52,8 +52,18 @@ class PromptImage:
 
 @dataclass(frozen=True, slots=True)
 class BuiltPrompt:
-    token_ids: np.ndarray  # int32, shape (n,)
+    """A tokenized prompt.
+
+    Attributes:
+        token_ids: int32, shape (n,).
+        images: each image with its layout and placeholder span, in order.
+        text_starts: where each message text begins: where two prompts sharing a history most
+            often start to differ (a new question, another user's turn).
+    """
+
+    token_ids: np.ndarray
     images: tuple[PromptImage, ...]
+    text_starts: tuple[int, ...] = ()
 
     @property
     def spans(self) -> tuple[ImageSpan, ...]:
@@ -158,9 +168,11 @@ class PromptBuilder:
         layouts = [self._encoder.layout(p.image) for p in images]
         ids: list[int] = []
         prompt_images: list[PromptImage] = []
+        text_starts: list[int] = []
         for k, piece in enumerate(pieces):
             if k % 2 == 1:
                 role, text = texts[int(piece)]
+                text_starts.append(len(ids))
                 ids.extend(self._text_ids(role, text, namespace))
                 continue
             for tok in self._encode_template(piece):
@@ -179,7 +191,7 @@ class PromptBuilder:
             raise PromptError(
                 f"chat template placed {len(prompt_images)} image markers for {len(images)} images"
             )
-        return BuiltPrompt(np.asarray(ids, dtype=np.int32), tuple(prompt_images))
+        return BuiltPrompt(np.asarray(ids, dtype=np.int32), tuple(prompt_images), tuple(text_starts))
 
     def _text_ids(self, role: str, text: str, namespace: str) -> list[int]:
         if role == "assistant":

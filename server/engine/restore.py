@@ -9,14 +9,15 @@ layer.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+import numpy as np
 
 from kv_cache.families import CacheFamily, LayerSlice
-from kv_cache.hashing import BlockHash
+from kv_cache.hashing import BlockHash, ImageSpan, block_extra_keys
 from kv_cache.payload import BlockPayload
 
 
@@ -36,35 +37,58 @@ class RestorePlan:
 
 
 def plan_restore(
-    hit: Any, root: BlockHash, block_size: int, families: Sequence[CacheFamily], max_length: int
+    hit: Any,
+    root: BlockHash,
+    block_size: int,
+    families: Sequence[CacheFamily],
+    max_length: int,
+    *,
+    children_of: Callable[[BlockHash], Mapping[BlockHash, Any]],
+    tokens: np.ndarray,
+    spans: Sequence[ImageSpan],
 ) -> RestorePlan:
-    """Pick the longest restorable length of ``hit`` not above ``max_length``."""
-    recurrent = any(f.needs_checkpoint for f in families)
+    """Pick the longest restorable length of ``hit`` not above ``max_length``.
+
+    Attention-only models take the longest offered length. With recurrent layers only
+    checkpointed lengths count: full blocks whose end carries a checkpoint, and partial
+    *restore points* (checkpointed partial children, e.g. taken at a message start) at any
+    depth of the matched chain, not only below its last block.
+    """
     full = list(hit.blocks)
+    if not any(f.needs_checkpoint for f in families):
+        best = RestorePlan(0, (), None, 0, root)
+        if full and len(full) * block_size <= max_length:
+            best = RestorePlan(len(full) * block_size, tuple(full), None, 0, full[-1].block_hash)
+        parent = full[-1].block_hash if full else root
+        for child, matched in hit.tail_candidates:
+            length = len(full) * block_size + matched
+            if best.length < length <= max_length:
+                best = RestorePlan(length, tuple(full), child, matched, parent)
+        return best
 
-    def checkpointed(payload: BlockPayload) -> bool:
-        return payload.checkpoint is not None
-
-    best = RestorePlan(0, (), None, 0, root)
-    # Full-block lengths, longest first.
-    for k in range(len(full), 0, -1):
-        length = k * block_size
-        if length > max_length:
-            continue
-        if recurrent and not checkpointed(full[k - 1].payload):
-            continue
-        best = RestorePlan(length, tuple(full[:k]), None, 0, full[k - 1].block_hash)
-        break
-    base = len(full) * block_size
-    parent = full[-1].block_hash if full else root
-    for child, matched in hit.tail_candidates:
-        length = base + matched
-        if length <= best.length or length > max_length:
-            continue
-        if recurrent and (matched != child.num_tokens or not checkpointed(child.payload)):
-            continue
-        best = RestorePlan(length, tuple(full), child, matched, parent)
-    return best
+    for k in range(len(full), -1, -1):
+        base = k * block_size
+        parent = full[k - 1].block_hash if k else root
+        if k == len(full):
+            # Children of the last matched block were verified by the lookup.
+            points = [c for c, m in hit.tail_candidates if m == c.num_tokens]
+        else:
+            points = [
+                c
+                for c in children_of(parent).values()
+                if c.is_partial
+                and c.tokens == tuple(tokens[base : base + c.num_tokens].tolist())
+                and c.extra == block_extra_keys(base, c.num_tokens, spans)
+            ]
+        points = [
+            c for c in points if c.payload.checkpoint is not None and base + c.num_tokens <= max_length
+        ]
+        if points:
+            tail = max(points, key=lambda c: c.num_tokens)
+            return RestorePlan(base + tail.num_tokens, tuple(full[:k]), tail, tail.num_tokens, parent)
+        if k and full[k - 1].payload.checkpoint is not None and base <= max_length:
+            return RestorePlan(base, tuple(full[:k]), None, 0, full[k - 1].block_hash)
+    return RestorePlan(0, (), None, 0, root)
 
 
 def restore_caches(

@@ -204,7 +204,10 @@ class ModelRunner:
 
         root = root_hash(CACHE_FORMAT_VERSION, self._m.fingerprint, tenant.salt)
         hit = self.prefix_cache.lookup(root, ids, prompt.spans)
-        plan = plan_restore(hit, root, self._B, self._families, n - 1)
+        plan = plan_restore(
+            hit, root, self._B, self._families, n - 1,
+            children_of=self.prefix_cache.pool.children_of, tokens=ids, spans=prompt.spans,
+        )
         used = plan.used_blocks
         self.prefix_cache.acquire(used)
         try:
@@ -236,7 +239,7 @@ class ModelRunner:
                 fed=L,
             )
             tokens: list[int] = [int(t) for t in ids]
-            logits = self._prefill(ids, embeds, L, caches, positions, harvester, tokens)
+            logits = self._prefill(prompt, embeds, L, caches, positions, harvester, tokens)
         finally:
             self.prefix_cache.release(used)
 
@@ -314,7 +317,7 @@ class ModelRunner:
 
     def _prefill(
         self,
-        ids: np.ndarray,
+        prompt: BuiltPrompt,
         embeds: mx.array,
         start: int,
         caches: list[Any],
@@ -329,11 +332,21 @@ class ModelRunner:
         on the end-of-prompt snapshot point: ``n`` for attention-only models (they trim, so the
         snapshot also serves an identical prompt at ``n - 1``), ``n - 1`` for recurrent ones
         (a checkpoint at ``n`` could never serve the same prompt again: one token must be left).
+
+        Recurrent models also get restore points where prompts sharing a history tend to part:
+        each message text start and each image end (attention models reach any such length
+        by trimming; recurrent state only where a checkpoint was taken).
         """
+        ids = prompt.token_ids
         n = int(ids.shape[0])
         last_boundary = n // self._B * self._B
         snapshot = n - 1 if self._recurrent else n
-        stops = {n, last_boundary, snapshot}
+        restore_points = {snapshot}
+        if self._recurrent:
+            restore_points.update(prompt.text_starts)
+            restore_points.update(img.span.end for img in prompt.images)
+        restore_points = {p for p in restore_points if start < p < n or p == snapshot}
+        stops = {n, last_boundary, *restore_points}
         stops.update(range((start // self._chunk + 1) * self._chunk, n, self._chunk))
         pos = start
         logits = None
@@ -344,10 +357,10 @@ class ModelRunner:
             mx.eval(logits[:, -1, :], [c.state for c in caches])
             pos = end
             harvester.collect(caches, pos)
-            if pos % self._chunk == 0 or pos == last_boundary or pos == snapshot:
+            if pos % self._chunk == 0 or pos == last_boundary or pos in restore_points:
                 harvester.checkpoint(caches, pos)
             harvester.flush_full(tokens)
-            if pos == snapshot:
+            if pos in restore_points:
                 harvester.flush_partial(tokens)
         assert logits is not None
         return logits[0, -1, :]

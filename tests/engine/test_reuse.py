@@ -124,17 +124,36 @@ def test_hybrid_divergent_suffix_lands_on_checkpoint() -> None:
     t = tenant()
     system = msg("system", "You are a terse assistant that answers in one line. " * 8)
     img = image_part(t, picture(4))
+    m1 = [system, msg("user", img, "What colour dominates the picture?")]
     warm = make_runner("qwen3_5")
-    first = run(warm, t, [system, msg("user", img, "What colour dominates the picture?")])
+    first = run(warm, t, m1)
     n1 = first.usage.prompt_tokens
+    built = warm.prompt_builder.build(m1, t.namespace)
+    # Where the first request left recurrent checkpoints: chunk ends, the last block
+    # boundary, message text starts, image ends, and n - 1.
+    checkpoints = {k * CHUNK for k in range(1, n1 // CHUNK + 1)} | {n1 // BLOCK * BLOCK, n1 - 1}
+    checkpoints |= set(built.text_starts) | {im.span.end for im in built.images}
     m2 = [system, msg("user", img, "Which shape is largest in the picture, and where is it?")]
     second = run(warm, t, m2)
     cached = second.usage.cached_tokens
-    checkpoints = {k * CHUNK for k in range(1, n1 // CHUNK + 1)} | {n1 // BLOCK * BLOCK}
-    assert cached in checkpoints
     shared = lcp(first.trace.prompt_ids, second.trace.prompt_ids)
     assert cached == max(c for c in checkpoints if c <= shared)
+    # The divergence is in the user's text right after the image: all before it is reused.
+    assert cached == built.text_starts[-1] > built.images[0].span.end
     cold = run(make_runner("qwen3_5"), t, m2)
+    assert second.tokens == cold.tokens
+
+
+def test_hybrid_shared_system_prompt_reused_up_to_its_end() -> None:
+    t = tenant()
+    system = msg("system", "Policy: be exact, cite the picture, never guess colours. " * 9)
+    warm = make_runner("qwen3_5")
+    run(warm, t, [system, msg("user", "First question about the policy?")], session="A")
+    m2 = [system, msg("user", "Another, unrelated question from another session.")]
+    second = run(warm, t, m2, session="B")
+    built = warm.prompt_builder.build(m2, t.namespace)
+    assert second.usage.cached_tokens == built.text_starts[1]  # the whole system turn
+    cold = run(make_runner("qwen3_5"), t, m2, session="B")
     assert second.tokens == cold.tokens
 
 

@@ -30,7 +30,7 @@ def test_features_nbytes_from_shape_and_dtype() -> None:
     assert features_nbytes(mx.zeros((2, 3, 5), dtype=mx.float32)) == 120
     assert features_nbytes(np.zeros((10, 3), dtype=np.uint8)) == 30
     assert features_nbytes((lazy, [np.zeros(4, dtype=np.float64)], {"x": mx.zeros((1,), dtype=mx.bfloat16)}, None)) == 64 + 32 + 2
-    with pytest.raises(TypeError, match="cannot size a str"):
+    with pytest.raises(TypeError, match="expected an array with shape and dtype, got str"):
         features_nbytes("nope")
 
 
