@@ -62,7 +62,8 @@ class HitRateMonitor:
         window: Lookups in the rolling window; the rate is judged only on a full window.
     """
 
-    __slots__ = ("_threshold", "_window", "_reports", "_armed", "last_warning", "warning_count")
+    __slots__ = ("_threshold", "_window", "_reports", "_hit", "_asked", "_armed", "last_warning",
+                 "warning_count")
 
     def __init__(self, threshold: float = DEFAULT_THRESHOLD, window: int = DEFAULT_WINDOW) -> None:
         if not 0.0 <= threshold <= 1.0:
@@ -71,7 +72,11 @@ class HitRateMonitor:
             raise ValueError(f"hit-rate window must be >= 1 lookups, got {window}")
         self._threshold = threshold
         self._window = window
-        self._reports: deque[MissReport] = deque(maxlen=window)
+        self._reports: deque[MissReport] = deque()
+        # Running sums over the window: ``hit_rate`` is read from other threads (metrics
+        # scrapes) and must not iterate the deque while the engine thread appends to it.
+        self._hit = 0
+        self._asked = 0
         self._armed = True
         self.last_warning: HitRateWarning | None = None
         self.warning_count = 0
@@ -83,8 +88,7 @@ class HitRateMonitor:
     @property
     def hit_rate(self) -> float | None:
         """Block hit rate over the lookups in the window; None before any block was asked."""
-        hit = sum(r.hit_blocks for r in self._reports)
-        asked = hit + sum(r.missed_blocks for r in self._reports)
+        hit, asked = self._hit, self._asked
         return hit / asked if asked else None
 
     def observe(self, report: MissReport) -> HitRateWarning | None:
@@ -92,6 +96,12 @@ class HitRateMonitor:
         if report.hit_blocks + report.missed_blocks == 0:
             return None  # prompt shorter than a block: nothing a cache could serve
         self._reports.append(report)
+        self._hit += report.hit_blocks
+        self._asked += report.hit_blocks + report.missed_blocks
+        if len(self._reports) > self._window:
+            old = self._reports.popleft()
+            self._hit -= old.hit_blocks
+            self._asked -= old.hit_blocks + old.missed_blocks
         rate = self.hit_rate
         assert rate is not None
         if rate >= self._threshold:

@@ -6,11 +6,14 @@ ending at or before the last prompt token) with one reason, checked in this orde
 
 ``expired``   the block was stored and dropped by its time to live (``record_expired``).
 ``evicted``   the block was stored and left RAM for room (``record_evicted``: a bounded ghost
-              list of evicted hashes), or the tenant sent these exact contents before but the
-              ghost list has since forgotten the hash.
-``diverged``  the first missed block only: the last matched block (or the root) has stored
-              children, and none of them is this block, so the request's tokens or images differ
-              from what was stored at block k (an edited history, another image in the same place).
+              list of evicted hashes) and no lower tier gave it back (a block served from SSD
+              is a hit), or the tenant sent these exact contents before but the ghost list has
+              since forgotten the hash.
+``diverged``  the first missed block only: the last matched block (or the root) has a stored
+              child that takes another path here (a full block other than this one, or a partial
+              one disagreeing within its length), so the request's tokens or images differ from
+              what was stored at block k (an edited history, another image in the same place).
+              Blocks after it are judged on their own (usually ``cold``).
 ``isolated``  another tenant sent the same contents (same tokens, same image pixels, same
               position), this tenant never did: the block would have hit without tenant salting.
 ``cold``      nothing of the above: the contents were never stored.
@@ -61,9 +64,7 @@ TENANT_REASONS: tuple[MissReason, ...] = (
 
 
 class StoredChildren(Protocol):
-    """Read access to the blocks the RAM tier holds (``BlockPool`` satisfies it)."""
-
-    def get(self, block_hash: BlockHash) -> Block | None: ...
+    """The stored children of a block or root in the RAM tier (``BlockPool`` satisfies it)."""
 
     def children_of(self, parent: BlockHash) -> Mapping[BlockHash, Block]: ...
 
@@ -264,7 +265,8 @@ class MissAttributor:
             raise ValueError(f"matched_blocks {matched_blocks} outside 0..{reusable}")
         token_bytes = array.tobytes()
         hashes = ChainHasher(root, token_bytes, spans, size).hashes(reusable)
-        contents = ChainHasher(self._content_root, token_bytes, content_spans, size).hashes(reusable)
+        contents = ChainHasher(self._content_root, token_bytes, content_spans, size).hashes(
+            reusable)
         ids = tuple(array.tolist())
         reasons = tuple(
             self._reason(index, matched_blocks, hashes, contents, root, stored, namespace, ids,

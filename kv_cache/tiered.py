@@ -21,6 +21,7 @@ Spilling is the other direction: the RAM cache's ``on_evict`` is ``SsdTier.spill
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from kv_cache.hashing import (
     check_digest,
     token_array,
 )
+from kv_cache.payload import BlockPayload
 from kv_cache.prefix_cache import PrefixCache, PrefixHit, tail_match
 from kv_cache.serialization import BlockMeta
 from kv_cache.tiers.ssd import SsdTier
@@ -117,6 +119,7 @@ class TieredPrefixCache:
         self._ram = ram
         self._ssd = ssd
         self._needs_checkpoint = needs_checkpoint
+        self._closed = False
         self.stats = TieredStats()
 
     @property
@@ -181,25 +184,34 @@ class TieredPrefixCache:
                 steps.append(meta)
             parent = digest
 
-        start = len(steps) * size
-        tails = self._tails(parent, ids, start, limit - start, spans, namespace)
-        if on_ssd is None and not any(isinstance(node, BlockMeta) for node, _ in tails):
-            # RAM reached the end of the walk and no tail is on SSD: nothing to promote.
-            if tails or len(steps) == len(hashes):
-                return self._ram.lookup(root, tokens, spans)
-        self.stats.ssd_lookups += 1
-        used, tail = self._choose(steps, tails)
+        fit = _fitting(steps, self._ram.ram.budget_bytes)
+        if fit < len(steps):
+            # The whole chain cannot be in RAM at once: use the longest prefix that can (the
+            # resident blocks past it are not pinned, so promoting may evict them).
+            steps = steps[:fit]
+            tails: list[tuple[_Node, int]] = []
+        else:
+            start = len(steps) * size
+            tails = self._tails(parent, ids, start, limit - start, spans, namespace)
+        consulted = on_ssd is not None
+        if consulted:
+            self.stats.ssd_lookups += 1
+        if self._needs_checkpoint:
+            used, tail = self._restore_point(steps, tails, root, ids, spans, limit, namespace)
+        else:
+            used, tail = steps, (tails[0][0] if tails else None)
+        if tail is not None and _fitting([*used, tail], self._ram.ram.budget_bytes) <= len(used):
+            tail = None
         wanted = [node for node in used if isinstance(node, BlockMeta)]
         if isinstance(tail, BlockMeta):
             wanted.append(tail)
-        if not wanted:
-            self.stats.misses += 1
-            return self._ram.lookup(root, tokens, spans)
-        self.stats.hit_blocks += len(wanted)
-        promoted = self._promote(used, tail, namespace)
+        promoted = 0
+        if wanted:
+            self.stats.hit_blocks += len(wanted)
+            promoted = self._promote(used, tail, namespace)
         if promoted:
             self.stats.hits += 1
-        else:
+        elif consulted:
             self.stats.misses += 1
         return self._ram.lookup(root, tokens, spans)
 
@@ -216,35 +228,65 @@ class TieredPrefixCache:
         (RAM before SSD on ties: no read needed)."""
         if cap <= 0:
             return []
-        assert self._ssd is not None
         window = ids[start : start + self._ram.block_size]
         window_extra = block_extra_keys(start, len(window), spans) if spans else ()
         found: list[tuple[_Node, int]] = []
-        resident = self._ram.pool.children_of(parent)
-        for child in resident.values():
+        for child in self._children(parent, namespace):
             matched = tail_match(child.tokens, child.extra, window, window_extra, cap)
             if matched:
                 found.append((child, matched))
-        for meta in self._ssd.children(parent):
-            if meta.block_hash in resident or meta.namespace != namespace:
-                continue
-            matched = tail_match(meta.tokens, meta.extra, window, window_extra, cap)
-            if matched:
-                found.append((meta, matched))
         found.sort(key=lambda item: (-item[1], isinstance(item[0], BlockMeta), _digest(item[0])))
         return found
 
-    def _choose(
-        self, steps: list[_Node], tails: list[tuple[_Node, int]]
+    def _children(self, parent: BlockHash, namespace: str) -> list[_Node]:
+        """Stored children of ``parent``: resident ones, then those only on SSD."""
+        assert self._ssd is not None
+        resident = self._ram.pool.children_of(parent)
+        found: list[_Node] = list(resident.values())
+        found.extend(
+            meta
+            for meta in self._ssd.children(parent)
+            if meta.block_hash not in resident and meta.namespace == namespace
+        )
+        return found
+
+    def _restore_point(
+        self,
+        steps: list[_Node],
+        tails: list[tuple[_Node, int]],
+        root: BlockHash,
+        ids: tuple[int, ...],
+        spans: Sequence[ImageSpan],
+        limit: int,
+        namespace: str,
     ) -> tuple[list[_Node], _Node | None]:
-        """The chain prefix and tail a restore can use (what ``plan_restore`` will pick)."""
-        if not self._needs_checkpoint:
-            return steps, tails[0][0] if tails else None
-        for node, matched in tails:
-            if matched == len(node.tokens) and _checkpointed(node):
-                return steps, node
-        last = max((k + 1 for k, node in enumerate(steps) if _checkpointed(node)), default=0)
-        return steps[:last], None
+        """Recurrent models: the deepest checkpointed length, as ``plan_restore`` picks it
+        (a checkpointed partial child at any depth of the chain, or a checkpointed block end),
+        looked for in RAM and on SSD alike."""
+        size = self._ram.block_size
+        for k in range(len(steps), -1, -1):
+            base = k * size
+            if k == len(steps):
+                points = [node for node, matched in tails if matched == len(node.tokens)]
+            else:
+                parent = _digest(steps[k - 1]) if k else root
+                points = [
+                    node
+                    for node in self._children(parent, namespace)
+                    if _is_partial(node)
+                    and node.tokens == ids[base : base + len(node.tokens)]
+                    and node.extra == block_extra_keys(base, len(node.tokens), spans)
+                ]
+            points = [
+                node for node in points if _checkpointed(node) and base + len(node.tokens) <= limit
+            ]
+            if points:
+                # Longest; a resident one on ties (no read).
+                best = max(points, key=lambda node: (len(node.tokens), isinstance(node, Block)))
+                return steps[:k], best
+            if k and _checkpointed(steps[k - 1]) and base <= limit:
+                return steps[:k], None
+        return [], None
 
     def _promote(self, used: list[_Node], tail: _Node | None, namespace: str) -> int:
         """Bring the SSD nodes of ``used`` (+ ``tail``) into RAM in chain order; stops at the
@@ -252,53 +294,52 @@ class TieredPrefixCache:
         assert self._ssd is not None
         ram = self._ram
         began = time.perf_counter()
-        pinned: list[Block] = [node for node in used if isinstance(node, Block)]
-        if isinstance(tail, Block):
-            pinned.append(tail)
-        ram.acquire(pinned)
-        promoted = 0
-        promoted_hashes: list[BlockHash] = []
+        nodes = used + ([tail] if tail is not None else [])
+        # Pinned while promoting: making room for the promoted blocks must not evict the hit.
+        ram.acquire([node for node in nodes if isinstance(node, Block)])
+        promoted: dict[BlockHash, Block] = {}
         try:
-            chain_done = True
-            for node in used:
-                if isinstance(node, BlockMeta):
-                    block = self._promote_one(node, namespace)
+            wanted = [node for node in nodes if isinstance(node, BlockMeta)]
+            wanted = wanted[: self._reserve(wanted)]
+            loads = self._ssd.load_blocks(wanted)
+            try:
+                for meta, payload in zip(wanted, loads):
+                    block = self._insert(meta, payload, namespace)
                     if block is None:
-                        chain_done = False
-                        break
+                        break  # the chain is cut here: later blocks cannot be used
                     ram.acquire([block])
-                    pinned.append(block)
-                    promoted += 1
-                    promoted_hashes.append(node.block_hash)
-            if chain_done and isinstance(tail, BlockMeta):
-                block = self._promote_one(tail, namespace)
-                if block is not None:
-                    ram.acquire([block])
-                    pinned.append(block)
-                    promoted += 1
-                    promoted_hashes.append(tail.block_hash)
+                    promoted[meta.block_hash] = block
+            finally:
+                loads.close()  # cancels the reads of blocks after a cut
         finally:
-            # Chain order (the tail last): release stamps them deepest first.
-            order = {id(node): k for k, node in enumerate(used)}
-            pinned.sort(key=lambda b: order.get(id(b), len(used) + 1))
-            ram.release(pinned)
+            chain = [
+                node if isinstance(node, Block) else promoted.get(node.block_hash)
+                for node in nodes
+            ]
+            # Chain order: release stamps the chain deepest block first.
+            ram.release([block for block in chain if block is not None])
         elapsed = time.perf_counter() - began
         self.stats.reload_seconds += elapsed
         self.stats.last_reload_seconds = elapsed
-        return promoted
+        return len(promoted)
 
-    def _promote_one(self, meta: BlockMeta, namespace: str) -> Block | None:
-        assert self._ssd is not None
-        ram = self._ram
-        if not ram.ram.reserve(meta.nbytes):
+    def _reserve(self, wanted: list[BlockMeta]) -> int:
+        """Make RAM room for the longest prefix of ``wanted`` that can have it, before any file
+        is read (never over budget). Returns that prefix's length."""
+        totals = list(itertools.accumulate(meta.nbytes for meta in wanted))
+        count = len(wanted)
+        while count and not self._ram.ram.reserve(totals[count - 1]):
+            count -= 1
+        if count < len(wanted):
             self.stats.budget_refusals += 1
-            return None
-        payload = self._ssd.load_block(meta)
+        return count
+
+    def _insert(self, meta: BlockMeta, payload: BlockPayload | None, namespace: str) -> Block | None:
         if payload is None:
             self.stats.promotion_failures += 1
             return None
         # Room is reserved, so the insert neither evicts nor refuses (no write back to SSD).
-        block = ram.insert_block(
+        block = self._ram.insert_block(
             meta.parent, meta.tokens, meta.extra, payload, None, partial=meta.partial, namespace=namespace
         )
         if block is None or block.block_hash != meta.block_hash:
@@ -306,15 +347,17 @@ class TieredPrefixCache:
             self.stats.promotion_failures += 1
             return None
         for owner in meta.owners:
-            ram.pool.add_owner(block, owner)
+            self._ram.pool.add_owner(block, owner)
         self.stats.promotions += 1
         self.stats.promoted_bytes += meta.nbytes
         return block
 
     def close(self) -> None:
-        """Write every resident block to SSD (oldest first), then close the SSD tier."""
-        if self._ssd is None:
+        """Write every resident block to SSD (oldest first), then close the SSD tier
+        (idempotent; no lookup may follow)."""
+        if self._ssd is None or self._closed:
             return
+        self._closed = True
         for block in list(self._ram.pool.free_blocks()) + [
             b for b in self._ram.pool if b.ref_count
         ]:
@@ -328,13 +371,26 @@ def _fits(
 ) -> bool:
     """A stored node is the request's block here: same parent, tokens, image keys (a hash
     match alone is never trusted)."""
-    is_partial = node.is_partial if isinstance(node, Block) else node.partial
     return (
-        is_partial == partial
+        _is_partial(node) == partial
         and node.parent == parent
         and node.extra == extra
         and node.tokens == window
     )
+
+
+def _fitting(nodes: Sequence[_Node], budget: int) -> int:
+    """How many leading nodes fit in ``budget`` bytes together."""
+    total = 0
+    for count, node in enumerate(nodes):
+        total += node.nbytes
+        if total > budget:
+            return count
+    return len(nodes)
+
+
+def _is_partial(node: _Node) -> bool:
+    return node.is_partial if isinstance(node, Block) else node.partial
 
 
 def _checkpointed(node: _Node) -> bool:

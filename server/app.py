@@ -19,11 +19,13 @@ from litestar.di import Provide
 from server.api.chat import chat_completions
 from server.api.errors import exception_handlers
 from server.api.info import cache_stats, health, list_models, retrieve_model
+from server.api.metrics import prometheus_metrics
 from server.api.state import ServerState, attach, detach, provide_server, provide_tenant
 from server.config import ServerConfig
 from server.engine.protocol import Engine
 from server.engine.settings import EngineSettings
 from server.engine.worker import EngineWorker
+from server.metrics import ServerMetrics
 from tenancy.registry import TenantRegistry
 from tenancy.secret import load_or_create_secret
 
@@ -61,6 +63,7 @@ def create_app(config: ServerConfig, *, engine_factory: EngineFactory | None = N
 
         engine_factory = build_engine
     factory = engine_factory
+    metrics = ServerMetrics()
 
     @asynccontextmanager
     async def lifespan(app: Litestar) -> AsyncIterator[None]:
@@ -68,6 +71,7 @@ def create_app(config: ServerConfig, *, engine_factory: EngineFactory | None = N
         registry = _registry(config, secret)
         worker = EngineWorker(lambda: factory(config.engine))
         engine = await worker.start()
+        metrics.engine.bind(engine)
         names = {engine.model_id}
         if config.model_name:
             names.add(config.model_name)
@@ -86,12 +90,16 @@ def create_app(config: ServerConfig, *, engine_factory: EngineFactory | None = N
             yield
         finally:
             detach(app.state)
+            metrics.engine.unbind()
             await asyncio.to_thread(worker.stop)
 
     return Litestar(
-        route_handlers=[chat_completions, list_models, retrieve_model, health, cache_stats],
+        route_handlers=[chat_completions, list_models, retrieve_model, health, cache_stats,
+                        prometheus_metrics],
         dependencies={"server": Provide(provide_server, sync_to_thread=False),
-                      "tenant": Provide(provide_tenant, sync_to_thread=False)},
+                      "tenant": Provide(provide_tenant, sync_to_thread=False),
+                      "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False)},
+        middleware=[metrics.middleware],
         exception_handlers=exception_handlers(),
         lifespan=[lifespan],
         request_max_body_size=config.max_body_bytes,

@@ -60,12 +60,28 @@ def _cmd_fixtures_build(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_bench(sub: argparse._SubParsersAction) -> None:
+    from server.bench.command import add_bench_arguments
+
+    p = sub.add_parser("bench", help="replay image conversations against OpenAI-compatible "
+                       "servers: TTFT per turn, cached tokens, plots")
+    add_bench_arguments(p)
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from server.bench.command import run_command
+
+    return run_command(args, sys.argv[1:])
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlmcache", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default=os.environ.get("VLMCACHE_LOG_LEVEL", "INFO"))
     sub = parser.add_subparsers(dest="command", required=True)
     _add_serve(sub)
     _add_fixtures(sub)
+    _add_bench(sub)
     return parser
 
 

@@ -174,6 +174,8 @@ class ServerConfig:
             ram_budget_bytes=ram_budget,
             vision_budget_bytes=vision_budget,
             max_tokens_default=values.get("default_max_tokens", 256, int),
+            hit_rate_warn_threshold=values.get("hit_rate_warn_threshold", 0.2, float),
+            hit_rate_window=values.get("hit_rate_window", 50, int),
         )
         keys = values.get("keys", None)
         return cls(
@@ -258,6 +260,11 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        help="tokens per KV block (default 64)")
     cache.add_argument("--prefill-chunk", type=int, metavar="TOKENS",
                        help="tokens per prefill step (default 512)")
+    cache.add_argument("--hit-rate-warn-threshold", type=float, metavar="RATE",
+                       help="log one warning naming the dominant miss reason when the rolling "
+                            "prefix-cache block hit rate falls below RATE (default 0.2; 0 = off)")
+    cache.add_argument("--hit-rate-window", type=int, metavar="REQUESTS",
+                       help="requests in that rolling window (default 50)")
 
     limits = parser.add_argument_group("request limits")
     limits.add_argument("--max-images", type=int, metavar="N",

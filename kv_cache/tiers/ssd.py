@@ -10,8 +10,8 @@
  capacity: total file bytes <= budget, least recently used files deleted first
 ```
 
-Records of each kind are described by a ``RecordCodec`` (KV blocks here, vision features in
-``vision_cache.ssd``): it turns a verified file into its index row, for reconcile.
+Records of each kind are described by a ``RecordCodec`` (KV blocks: ``ssd_codecs``; vision
+features: ``vision_cache.ssd``): it turns a verified file into its index row, for reconcile.
 
 Threads: the engine thread calls everything public; the writer thread writes files, inserts
 rows and enforces the capacity. Counters are guarded by one lock.
@@ -29,10 +29,11 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 from kv_cache.block import Block
 from kv_cache.hashing import BlockHash
@@ -45,18 +46,23 @@ from kv_cache.serialization import (
     block_metadata,
     block_tensors,
     decode_block,
-    decode_block_meta,
     parse_file,
 )
+from kv_cache.tiers.ssd_codecs import BlockCodec, RecordCodec, block_row, row_meta
 from kv_cache.tiers.ssd_index import IndexRow, RecordKind, SsdIndex
 from kv_cache.tiers.ssd_layout import SsdLayout, check_namespace
 from kv_cache.tiers.ssd_reconcile import ReconcileReport, quarantine, reconcile
+from kv_cache.tiers.ssd_stats import SsdStats
 from kv_cache.tiers.ssd_writer import SsdWriter, WriteJob
 
 log = logging.getLogger(__name__)
 
 DEFAULT_SSD_BUDGET = 10 * 2**30
 DEFAULT_QUEUE_SIZE = 64
+# Files read at once by a promotion: enough requests in flight to keep an SSD busy.
+READ_THREADS = 4
+# Files read ahead of the one being decoded (each with its own reused buffer).
+READ_AHEAD = 8
 
 T = TypeVar("T")
 
@@ -65,129 +71,18 @@ class SsdTierBusyError(RuntimeError):
     """Another open tier (this process or another) holds the cache directory for this model."""
 
 
-class RecordCodec(Protocol):
-    """How the tier recognises one kind of record on disk."""
+@dataclass(frozen=True, slots=True)
+class _Fetched:
+    """One file as a reader thread left it: parsed and verified, failed, or missing (both
+    ``parsed`` and ``error`` None)."""
 
     kind: RecordKind
-
-    def index_row(
-        self, parsed: ParsedFile, namespace: str, key: bytes, size: int, stamp: int
-    ) -> IndexRow:
-        """The index row of a verified file found at ``(namespace, key)``.
-
-        Raises:
-            CorruptFileError: The metadata is not a valid record of this kind for this model at
-                this path.
-        """
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class SsdStats:
-    """Counters of one SSD tier (a snapshot).
-
-    Attributes:
-        files: Records on disk (indexed).
-        bytes: Their total file bytes.
-        budget_bytes: Capacity; least recently used files are deleted above it.
-        queued: Records waiting in the write queue.
-        spills: Files written.
-        spilled_bytes: Bytes of those files.
-        drops: Records not written because the queue was full.
-        already_stored: Spills skipped because the record was already on disk or queued.
-        unfiled: Evicted blocks without a tenant namespace (not written).
-        write_errors: Writes that failed with an I/O error.
-        capacity_deletions: Files deleted to stay within the budget.
-        capacity_deleted_bytes: Bytes of those files.
-        reads: Files read and verified.
-        read_bytes: Bytes of those files.
-        read_seconds: Time spent reading, verifying and decoding them.
-        queue_reads: Records served from the write queue (no disk read).
-        read_failures: Reads of files that had gone (deleted for capacity meanwhile).
-        quarantined: Files that failed to parse or verify, moved to ``quarantine/``.
-        reconcile_temp_removed: Startup reconcile: temp files removed.
-        reconcile_rows_dropped: Startup reconcile: rows without a file dropped.
-        reconcile_adopted: Startup reconcile: files without a row adopted.
-        reconcile_removed: Startup reconcile: invalid files removed.
-    """
-
-    files: int = 0
-    bytes: int = 0
-    budget_bytes: int = 0
-    queued: int = 0
-    spills: int = 0
-    spilled_bytes: int = 0
-    drops: int = 0
-    already_stored: int = 0
-    unfiled: int = 0
-    write_errors: int = 0
-    capacity_deletions: int = 0
-    capacity_deleted_bytes: int = 0
-    reads: int = 0
-    read_bytes: int = 0
-    read_seconds: float = 0.0
-    queue_reads: int = 0
-    read_failures: int = 0
-    quarantined: int = 0
-    reconcile_temp_removed: int = 0
-    reconcile_rows_dropped: int = 0
-    reconcile_adopted: int = 0
-    reconcile_removed: int = 0
-
-
-class BlockCodec:
-    """KV blocks: the row carries the chain identity lookups verify against."""
-
-    kind = RecordKind.KV
-
-    def __init__(self, fingerprint: str, families: Sequence[str]) -> None:
-        self._fingerprint = fingerprint
-        self._families = tuple(families)
-
-    def index_row(
-        self, parsed: ParsedFile, namespace: str, key: bytes, size: int, stamp: int
-    ) -> IndexRow:
-        meta = decode_block_meta(parsed, self._fingerprint, self._families)
-        if meta.block_hash != key or meta.namespace != namespace:
-            raise CorruptFileError(
-                f"file of block {meta.block_hash.hex()} in {meta.namespace!r} found at "
-                f"{key.hex()} in {namespace!r}"
-            )
-        return block_row(meta, size, stamp)
-
-
-def block_row(meta: BlockMeta, size: int, stamp: int) -> IndexRow:
-    """The index row of a block."""
-    return IndexRow(
-        kind=RecordKind.KV,
-        key=meta.block_hash,
-        namespace=meta.namespace,
-        size=size,
-        nbytes=meta.nbytes,
-        last_access=stamp,
-        owners=tuple(sorted(meta.owners)),
-        parent=meta.parent,
-        tokens=meta.tokens,
-        extra=meta.extra,
-        partial=meta.partial,
-        checkpointed=meta.checkpointed,
-    )
-
-
-def row_meta(row: IndexRow) -> BlockMeta:
-    """A KV row's block identity."""
-    assert row.kind is RecordKind.KV and row.parent is not None
-    return BlockMeta(
-        block_hash=BlockHash(row.key),
-        parent=BlockHash(row.parent),
-        tokens=row.tokens,
-        extra=row.extra,
-        partial=row.partial,
-        checkpointed=row.checkpointed,
-        namespace=row.namespace,
-        owners=row.owners,
-        nbytes=row.nbytes,
-    )
+    key: bytes
+    path: Path
+    parsed: ParsedFile | None
+    error: CorruptFileError | None
+    size: int
+    io_seconds: float
 
 
 class SsdTier:
@@ -237,9 +132,14 @@ class SsdTier:
         except BaseException:
             os.close(self._lock_fd)
             raise
-        # Started before reconcile (it idles until the first spill) so that every attribute
-        # exists from here on.
+        # Started before reconcile (they idle until used) so that every attribute exists from
+        # here on.
         self._writer = SsdWriter(queue_size, self._commit, self._write_failed)
+        self._readers = ThreadPoolExecutor(max_workers=READ_THREADS, thread_name_prefix="ssd-read")
+        # Start every reader now, not during the first restore after a restart.
+        ready = threading.Barrier(READ_THREADS)
+        for _ in range(READ_THREADS):
+            self._readers.submit(ready.wait, 10.0)
         try:
             report = reconcile(self.layout, self._index, self._validate)
             files, size = self._index.totals()
@@ -316,8 +216,9 @@ class SsdTier:
                 found[digest] = row_meta(job.row)
             else:
                 missing.append(bytes(digest))
-        for key, row in self._index.get(RecordKind.KV, missing).items():
-            found[BlockHash(key)] = row_meta(row)
+        if missing:
+            for key, row in self._index.get(RecordKind.KV, missing).items():
+                found[BlockHash(key)] = row_meta(row)
         return found
 
     def children(self, parent: BlockHash) -> list[BlockMeta]:
@@ -328,24 +229,78 @@ class SsdTier:
                 rows[job.row.key] = job.row
         return [row_meta(rows[key]) for key in sorted(rows)]
 
-    def load_block(self, meta: BlockMeta) -> BlockPayload | None:
-        """The payload of a stored block whose identity is ``meta``, verified.
+    def load_blocks(self, metas: Sequence[BlockMeta]) -> Iterator[BlockPayload | None]:
+        """The payloads of stored blocks, verified, in order (engine thread).
 
-        Returns:
-            The payload; None when the file is gone or failed verification (it is then
-            quarantined and its row dropped).
+        Reader threads read and checksum up to ``READ_AHEAD`` files ahead of the one being
+        decoded (parallel reads reach the disk's bandwidth where one at a time does not),
+        each into one of ``READ_AHEAD`` buffers reused for the whole call: a fresh buffer
+        per file costs more in page faults than the read itself. Decoding copies the tensors
+        out, which frees the buffer for the next read. Stop iterating to cancel the rest.
+
+        Yields:
+            Per meta: the payload (from the write queue when still queued); None when the file
+            is gone or failed verification (then quarantined and its row dropped).
         """
-        key = bytes(meta.block_hash)
+        buffers = [bytearray() for _ in range(READ_AHEAD)]
+        fetches: dict[int, Future[_Fetched]] = {}
 
-        def decode(parsed: ParsedFile) -> BlockPayload:
-            stored, payload = decode_block(parsed, self._fingerprint, self._families)
-            if (stored.block_hash, stored.parent, stored.tokens, stored.extra, stored.partial) != (
-                meta.block_hash, meta.parent, meta.tokens, meta.extra, meta.partial
-            ):
-                raise CorruptFileError(f"file of block {key.hex()} holds another block's identity")
-            return payload
+        def read_ahead(index: int) -> None:
+            meta = metas[index]
+            if self._writer.pending(RecordKind.KV, bytes(meta.block_hash)) is None:
+                fetches[index] = self._readers.submit(
+                    self._fetch, RecordKind.KV, meta.namespace, meta.block_hash, buffers, index % READ_AHEAD
+                )
 
-        return self.load(RecordKind.KV, key, meta.namespace, decode)
+        for index in range(min(READ_AHEAD, len(metas))):
+            read_ahead(index)
+        used: list[bytes] = []
+        try:
+            for index, meta in enumerate(metas):
+                started = time.perf_counter()
+                fetch = fetches.pop(index, None)
+                if fetch is None:
+                    job = self._writer.pending(RecordKind.KV, bytes(meta.block_hash))
+                    if job is not None:
+                        self._count(queue_reads=1)
+                        payload: BlockPayload | None = job.value
+                    else:  # written since it was looked at: read it here (its buffer is free)
+                        fetched = self._fetch(
+                            RecordKind.KV, meta.namespace, meta.block_hash, buffers, index % READ_AHEAD
+                        )
+                        payload = self._finish(fetched, lambda parsed, m=meta: self._decode_block(parsed, m))
+                else:
+                    payload = self._finish(fetch.result(), lambda parsed, m=meta: self._decode_block(parsed, m))
+                # This block's buffer is free again: start the read that reuses it.
+                if index + READ_AHEAD < len(metas):
+                    read_ahead(index + READ_AHEAD)
+                self._count(read_seconds=time.perf_counter() - started)
+                if payload is not None and fetch is not None:
+                    used.append(bytes(meta.block_hash))
+                yield payload
+        finally:
+            for fetch in fetches.values():
+                fetch.cancel()
+            # A read already running must not outlive the call with this call's buffers.
+            wait(list(fetches.values()))
+            if used:
+                self._index.touch(RecordKind.KV, used, self._clock())
+
+    def load_block(self, meta: BlockMeta) -> BlockPayload | None:
+        """``load_blocks`` of one block."""
+        return next(iter(self.load_blocks([meta])))
+
+    def _decode_block(self, parsed: ParsedFile, meta: BlockMeta) -> BlockPayload:
+        stored, payload = decode_block(parsed, self._fingerprint, self._families)
+        if (stored.block_hash, stored.parent, stored.tokens, stored.extra, stored.partial) != (
+            meta.block_hash, meta.parent, meta.tokens, meta.extra, meta.partial
+        ):
+            raise CorruptFileError(f"file of block {meta.block_hash.hex()} holds another block's identity")
+        return payload
+
+    def rows(self, kind: RecordKind) -> list[IndexRow]:
+        """Every indexed record of a kind (a snapshot), by key."""
+        return [row for row in self._index.rows() if row.kind is kind]
 
     def touch_blocks(self, hashes: Sequence[BlockHash]) -> None:
         """Mark stored blocks as just used (SSD LRU order)."""
@@ -407,28 +362,66 @@ class SsdTier:
 
         Returns:
             The queued in-memory value if the record still waits in the queue, else the decoded
-            file; None when there is no such file or it failed (quarantined, row dropped).
+            file of its index row; None when there is no row, the file is gone, or it failed
+            (quarantined, row dropped).
         """
         job = self._writer.pending(kind, key)
         if job is not None and job.row.namespace == namespace:
             self._count(queue_reads=1)
             return job.value
+        row = self._index.get(kind, [key]).get(key)
+        if row is None or row.namespace != namespace:
+            return None
+        started = time.perf_counter()
+        value = self._finish(self._fetch(kind, namespace, key), decode)
+        self._count(read_seconds=time.perf_counter() - started)
+        if value is not None:
+            self._index.touch(kind, [key], self._clock())
+        return value
+
+    def _fetch(
+        self,
+        kind: RecordKind,
+        namespace: str,
+        key: bytes,
+        buffers: list[bytearray] | None = None,
+        slot: int = 0,
+    ) -> _Fetched:
+        """Read and verify one file (reader thread), into ``buffers[slot]`` when given (grown
+        if too small); failures come back as values."""
         path = self.layout.path(kind, namespace, key)
-        start = time.perf_counter()
+        started = time.perf_counter()
         try:
-            data = read_file(path)
+            if buffers is None:
+                data: bytearray | memoryview = read_file(path)
+            else:
+                data, buffers[slot] = read_file_into(path, buffers[slot])
         except FileNotFoundError:
+            return _Fetched(kind, key, path, None, None, 0, 0.0)
+        io_seconds = time.perf_counter() - started
+        try:
+            return _Fetched(kind, key, path, parse_file(data), None, len(data), io_seconds)
+        except CorruptFileError as exc:
+            return _Fetched(kind, key, path, None, exc, len(data), io_seconds)
+
+    def _finish(self, fetched: _Fetched, decode: Callable[[ParsedFile], T]) -> T | None:
+        """Decode a fetched file (engine thread); quarantine it when anything is wrong."""
+        kind, key, path = fetched.kind, fetched.key, fetched.path
+        if fetched.parsed is None and fetched.error is None:
+            # Deleted for capacity since its row was read (or by hand): a miss.
             self._count(read_failures=1)
             self._drop_row(kind, key)
             return None
         try:
-            value = decode(parse_file(data))
+            if fetched.error is not None:
+                raise fetched.error
+            assert fetched.parsed is not None
+            value = decode(fetched.parsed)
         except CorruptFileError as exc:
             log.warning("quarantining %s: %s", path, exc)
             self._quarantine(kind, key, path)
             return None
-        self._count(reads=1, read_bytes=len(data), read_seconds=time.perf_counter() - start)
-        self._index.touch(kind, [key], self._clock())
+        self._count(reads=1, read_bytes=fetched.size, read_io_seconds=fetched.io_seconds)
         return value
 
     # -- lifecycle and stats -------------------------------------------------------------------
@@ -447,6 +440,7 @@ class SsdTier:
             return
         self._closed = True
         try:
+            self._readers.shutdown(wait=True, cancel_futures=True)
             self._writer.close()
         finally:
             self._index.close()
@@ -533,18 +527,33 @@ class SsdTier:
 
 
 def read_file(path: Path) -> bytearray:
-    """A whole file in one buffer (raises FileNotFoundError when it is gone)."""
+    """A whole file in a new buffer (raises FileNotFoundError when it is gone)."""
+    view, buffer = read_file_into(path, bytearray())
+    return buffer if len(view) == len(buffer) else bytearray(view)
+
+
+def read_file_into(path: Path, buffer: bytearray) -> tuple[memoryview, bytearray]:
+    """Read a whole file into ``buffer``, or a new larger one if it does not fit.
+
+    Returns:
+        A view of the bytes read (shorter than the file if it shrank meanwhile) and the buffer
+        holding them.
+
+    Raises:
+        FileNotFoundError: The file is gone.
+    """
     with open(path, "rb", buffering=0) as f:
         size = os.fstat(f.fileno()).st_size
-        buf = bytearray(size)
-        view = memoryview(buf)
+        if len(buffer) < size:
+            buffer = bytearray(size)
+        view = memoryview(buffer)
         done = 0
         while done < size:
-            count = f.readinto(view[done:])
+            count = f.readinto(view[done:size])
             if not count:
                 break
             done += count
-    return buf if done == size else buf[:done]
+    return view[:done], buffer
 
 
 def _lock(path: Path) -> int:

@@ -29,6 +29,7 @@ from server.api.sse import HEADERS, ChunkFactory, sse_stream, usage_body
 from server.api.state import ServerState
 from server.engine.types import EngineError
 from server.engine.worker import ResponseChannel
+from server.metrics import ServerMetrics
 from tenancy.sessions import InvalidSessionId, resolve_session_id
 from tenancy.tenants import Tenant
 
@@ -108,8 +109,9 @@ async def _stream(request: Request[Any, Any, Any], channel: ResponseChannel,
 
 @post("/v1/chat/completions", status_code=200)
 async def chat_completions(request: Request[Any, Any, Any], server: ServerState,
-                           tenant: Tenant) -> Response[bytes] | Stream:
+                           tenant: Tenant, metrics: ServerMetrics) -> Response[bytes] | Stream:
     """OpenAI chat completions with text and image parts; ``stream=true`` answers SSE."""
+    started = time.perf_counter()
     wire = decode_body(await request.body(), ChatCompletionRequest)
     server.check_model(wire.model)
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -117,7 +119,8 @@ async def chat_completions(request: Request[Any, Any, Any], server: ServerState,
         to_generation_request, wire, request_id=completion_id, tenant=tenant,
         session_id=_session_id(request, wire), limits=server.limits_for(tenant))
     channel = server.worker.submit(generation)
-    items = completion_items(channel, generation.sampling.stop)
+    items = metrics.observe_completion(completion_items(channel, generation.sampling.stop),
+                                       started)
     created = int(time.time())
     if wire.stream:
         include_usage = bool(wire.stream_options and wire.stream_options.include_usage)

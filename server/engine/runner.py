@@ -26,10 +26,19 @@ import numpy as np
 from kv_cache.families import family_for, family_registry
 from kv_cache.hashing import CACHE_FORMAT_VERSION, root_hash
 from kv_cache.prefix_cache import PrefixCache
+from kv_cache.tiered import TieredPrefixCache
 from kv_cache.tiers.ram import RamTier
+from kv_cache.tiers.ssd import SsdTier
 from server.engine.architectures import Positions, architecture_for
 from server.engine.detokenizer import StreamingDetokenizer
 from server.engine.harvest import Harvester
+from server.engine.metrics_snapshot import (
+    EngineSnapshot,
+    snapshot_of,
+    ssd_served_tokens,
+    ssd_tier_snapshot,
+)
+from server.engine.miss_tracking import MissTracker
 from server.engine.model import LoadedModel, load_model
 from server.engine.prompt import BuiltPrompt, PromptBuilder, PromptError, ReplyLedger
 from server.engine.restore import plan_restore, restore_caches
@@ -46,6 +55,7 @@ from server.engine.types import (
 from tenancy.tenants import Tenant
 from vision_cache.encoders import encoder_for
 from vision_cache.feature_cache import CachedFeatures, FeatureCache, FeatureKey
+from vision_cache.ssd import FeatureCodec, FeatureSsd
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,7 @@ class TenantCounters:
     vision_queries: int = 0
     vision_hits: int = 0
     encoder_runs: int = 0
+    cached_tokens_ssd: int = 0  # of cached_tokens, those of blocks promoted from SSD
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -102,9 +113,27 @@ class ModelRunner:
         self._decode_interval = min([self._B, *sliding])
         self._recurrent = any(f.needs_checkpoint for f in self._families)
         self.ram = RamTier(settings.ram_budget_bytes)
-        self.prefix_cache = PrefixCache(self._B, self.ram)
+        self.ssd: SsdTier | None = None
+        if settings.ssd_enabled:
+            self.ssd = SsdTier(
+                settings.cache_dir,
+                loaded.fingerprint,
+                [f.name for f in self._families],
+                budget_bytes=settings.ssd_budget_bytes,
+                queue_size=settings.ssd_queue_size,
+                codecs=(FeatureCodec(loaded.fingerprint),),
+            )
+        # Blocks leaving RAM (evicted or refused) go to SSD.
+        self.prefix_cache = PrefixCache(
+            self._B, self.ram, on_evict=self.ssd.spill if self.ssd is not None else None
+        )
+        self.tiered = TieredPrefixCache(self.prefix_cache, self.ssd, needs_checkpoint=self._recurrent)
+        self.misses = MissTracker(self._B, threshold=settings.hit_rate_warn_threshold,
+                                  window=settings.hit_rate_window)
+        self.prefix_cache.watch_evictions(self.misses.record_evicted)
         vision_budget = settings.vision_budget_bytes or max(self.ram.budget_bytes // 8, 16 << 20)
         self.features = FeatureCache(vision_budget)
+        self.feature_ssd = FeatureSsd(self.ssd, loaded.fingerprint) if self.ssd is not None else None
         self._counters: dict[str, TenantCounters] = {}
         self.last_trace = RequestTrace()
 
@@ -149,9 +178,10 @@ class ModelRunner:
     def cache_stats(self, tenant: Tenant | None) -> Mapping[str, Any]:
         if tenant is not None:
             counters = self._counters.get(tenant.namespace, TenantCounters())
-            return {"tenant": tenant.tenant_id, **self._ratios(counters.as_dict())}
+            return {"tenant": tenant.tenant_id, **self._ratios(counters.as_dict()),
+                    **self.misses.stats(tenant.namespace)}
         total = TenantCounters()
-        for c in self._counters.values():
+        for c in list(self._counters.values()):
             for name in total.__slots__:
                 setattr(total, name, getattr(total, name) + getattr(c, name))
         return {
@@ -161,7 +191,40 @@ class ModelRunner:
                    "resident_bytes": self.prefix_cache.resident_bytes},
             "ram": {"budget_bytes": self.ram.budget_bytes, "used_bytes": self.ram.used_bytes},
             "vision": dataclasses.asdict(self.features.stats()),
+            "ssd": self._ssd_stats(),
+            **self.misses.stats(None),
         }
+
+    def metrics_snapshot(self) -> EngineSnapshot:
+        """Counters for the Prometheus collector; safe from any thread, no MLX work."""
+        return snapshot_of(
+            counters=list(self._counters.values()),
+            prefix_cache=self.prefix_cache,
+            ram=self.ram,
+            features=self.features,
+            misses=self.misses,
+            lower_tiers=self._lower_tier_snapshots(),
+        )
+
+    def _lower_tier_snapshots(self) -> tuple[Any, ...]:
+        if self.ssd is None:
+            return ()
+        vision_hits = self.feature_ssd.stats.hits if self.feature_ssd is not None else 0
+        return (ssd_tier_snapshot(self.ssd.stats(), promotions=self.tiered.stats.promotions + vision_hits),)
+
+    def _ssd_stats(self) -> dict[str, Any]:
+        if self.ssd is None or self.feature_ssd is None:
+            return {"enabled": False}
+        return {
+            "enabled": True,
+            **dataclasses.asdict(self.ssd.stats()),
+            **dataclasses.asdict(self.tiered.stats),
+            "vision": dataclasses.asdict(self.feature_ssd.stats),
+        }
+
+    def close(self) -> None:
+        """Write resident KV blocks and queued records to SSD, then release the SSD tier."""
+        self.tiered.close()
 
     @staticmethod
     def _ratios(c: dict[str, int]) -> dict[str, Any]:
@@ -203,7 +266,10 @@ class ModelRunner:
         trace.prompt_tokens = n
 
         root = root_hash(CACHE_FORMAT_VERSION, self._m.fingerprint, tenant.salt)
-        hit = self.prefix_cache.lookup(root, ids, prompt.spans)
+        promotions_before = self.tiered.stats.promotions
+        hit = self.tiered.lookup(root, ids, prompt.spans, tenant.namespace)
+        self.misses.observe(root=root, prompt=prompt, matched_blocks=len(hit.blocks),
+                            stored=self.prefix_cache.pool, namespace=tenant.namespace)
         plan = plan_restore(
             hit, root, self._B, self._families, n - 1,
             children_of=self.prefix_cache.pool.children_of, tokens=ids, spans=prompt.spans,
@@ -228,7 +294,7 @@ class ModelRunner:
             embeds = self._suffix_embeddings(prompt, L, request, counters, trace)
 
             harvester = Harvester(
-                store=self.prefix_cache,
+                store=self.tiered.store_for(tenant.namespace),
                 families=self._families,
                 block_size=self._B,
                 spans=prompt.spans,
@@ -246,6 +312,9 @@ class ModelRunner:
         counters.requests += 1
         counters.prompt_tokens += n
         counters.cached_tokens += L
+        counters.cached_tokens_ssd += ssd_served_tokens(
+            [b.num_tokens for b in plan.blocks] + ([plan.tail_tokens] if plan.tail is not None else []),
+            self.tiered.stats.promotions - promotions_before, L)
         self._decode(
             request, emit, cancelled, sampler, logits, caches, positions, harvester, tokens,
             n, max_tokens, trace, counters, t0,
@@ -291,6 +360,10 @@ class ModelRunner:
         key = FeatureKey(img.span.image_hash, self._m.fingerprint)
         counters.vision_queries += 1
         cached = self.features.get(key, namespace=request.tenant.namespace)
+        if cached is None and self.feature_ssd is not None:
+            cached = self.feature_ssd.load(key, request.tenant.namespace)
+            if cached is not None:
+                self.features.put(key, cached, namespace=request.tenant.namespace)
         if cached is not None:
             counters.vision_hits += 1
             trace.vision_hits += 1
@@ -299,11 +372,10 @@ class ModelRunner:
         mx.eval(feats)
         counters.encoder_runs += 1
         trace.encoder_runs += 1
-        self.features.put(
-            key,
-            CachedFeatures.of(feats, {"num_tokens": img.layout.num_tokens, "grid_thw": img.layout.grid_thw}),
-            namespace=request.tenant.namespace,
-        )
+        stored = CachedFeatures.of(feats, {"num_tokens": img.layout.num_tokens, "grid_thw": img.layout.grid_thw})
+        self.features.put(key, stored, namespace=request.tenant.namespace)
+        if self.feature_ssd is not None:
+            self.feature_ssd.store(key, stored, request.tenant.namespace)
         return feats
 
     def _lm_call(self, token_ids: mx.array, embeds: mx.array | None, caches: list[Any], position_ids: mx.array | None) -> mx.array:

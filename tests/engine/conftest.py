@@ -69,6 +69,7 @@ def make_runner(
         block_size=block_size,
         prefill_chunk=prefill_chunk,
         ram_budget_bytes=ram_budget_bytes,
+        ssd_enabled=False,  # RAM-only; the SSD tier has its own tests (tests/ssd)
     )
     return ModelRunner(model, settings, ledger=ledger)
 

@@ -1,0 +1,243 @@
+"""Restore of a ~4K-token prefix from SSD vs RAM vs cold prefill, and the read bandwidth the
+SSD tier achieves vs the disk's own sequential read bandwidth, side by side in one run.
+
+Not a test. Per family, on the ``bench`` fixture (block size 64):
+
+1. cold: a fresh engine without cache prefills prefix + question (time to first token, TTFT);
+2. RAM: an engine holding the prefix answers the same prefix + another question;
+3. SSD (page cache warm): a new engine on the same cache directory (empty RAM) restores the
+   prefix from the files the first engine wrote when it closed; the files are in the OS page
+   cache, as right after a restart;
+4. SSD (page cache dropped): the same after evicting the files from the page cache with
+   ``posix_fadvise(DONTNEED)`` per file (it drops clean pages without privileges, and leaves
+   the rest of a shared machine's cache alone) so the bytes really come from the disk.
+
+The disk's sequential read bandwidth is measured on the same filesystem: a 1 GiB file written,
+fsynced, dropped from the page cache, read back in 8 MiB reads.
+
+    LD_PRELOAD=$(.venv/bin/python -m server.blas) HF_HUB_OFFLINE=1 \\
+        .venv/bin/python benchmarks/ssd_restore.py [--families qwen2_vl gemma3 qwen3_5] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from PIL import Image, ImageDraw
+
+from fixtures.build import ensure_fixture
+from server.engine.model import LoadedModel, load_model
+from server.engine.runner import ModelRunner
+from server.engine.settings import EngineSettings
+from server.engine.types import (
+    ChatMessage,
+    EngineError,
+    GenerationRequest,
+    ImagePart,
+    SamplingParams,
+    TextPart,
+)
+from tenancy.tenants import Tenant, make_tenant
+from vision_cache.hashing import image_hash
+
+BLOCK = 64
+WORDS = (
+    "every block of attention state that the engine computed once is kept so that a later "
+    "request with the same beginning restores it instead of computing it again from the start "
+).split()
+
+
+def text_of(n_words: int, seed: int) -> str:
+    return " ".join(WORDS[(i * 7 + seed) % len(WORDS)] for i in range(n_words))
+
+
+def picture() -> Image.Image:
+    img = Image.new("RGB", (224, 224), (40, 90, 160))
+    d = ImageDraw.Draw(img)
+    for k in range(6):
+        d.rectangle([10 + 30 * k, 20, 30 + 30 * k, 200 - 10 * k], fill=(255 - 30 * k, 40 * k, 80))
+    return img
+
+
+@dataclass(frozen=True, slots=True)
+class Sample:
+    ttft_s: float
+    prompt_tokens: int
+    cached_tokens: int
+    restore_s: float = 0.0
+    read_bytes: int = 0
+    read_s: float = 0.0
+    read_io_s: float = 0.0
+
+
+def request(runner: ModelRunner, tenant: Tenant, messages: list[ChatMessage]) -> Sample:
+    events: list[object] = []
+    req = GenerationRequest("bench", tenant, "bench", tuple(messages), SamplingParams(max_tokens=1))
+    before = runner.ssd.stats() if runner.ssd is not None else None
+    reload_before = runner.tiered.stats.reload_seconds
+    start = time.perf_counter()
+    runner.generate(req, events.append, lambda: False)
+    elapsed = time.perf_counter() - start
+    errors = [e for e in events if isinstance(e, EngineError)]
+    if errors:
+        raise RuntimeError(errors[0].message)
+    trace = runner.last_trace
+    if before is None or runner.ssd is None:
+        return Sample(elapsed, trace.prompt_tokens, trace.cached_tokens)
+    after = runner.ssd.stats()
+    return Sample(
+        elapsed,
+        trace.prompt_tokens,
+        trace.cached_tokens,
+        restore_s=runner.tiered.stats.reload_seconds - reload_before,
+        read_bytes=after.read_bytes - before.read_bytes,
+        read_s=after.read_seconds - before.read_seconds,
+        read_io_s=after.read_io_seconds - before.read_io_seconds,
+    )
+
+
+def drop_page_cache(directory: Path) -> str:
+    """Evict ``directory``'s files from the page cache; says how.
+
+    ``posix_fadvise(DONTNEED)`` drops a file's clean pages without privileges and without
+    emptying the whole machine's cache (other processes share it); every file here is fsynced,
+    so all its pages are clean.
+    """
+    os.sync()
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+    return "posix_fadvise(DONTNEED)"
+
+
+def disk_read_bandwidth(directory: Path, size: int = 1 << 30) -> tuple[float, float, str]:
+    """(cold MB/s, page-cache MB/s, how the cache was dropped) of one big sequential file."""
+    path = directory / "seqread.bin"
+    chunk = os.urandom(8 << 20)
+    with open(path, "wb") as f:
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.flush()
+        os.fsync(f.fileno())
+    how = drop_page_cache(directory)
+
+    def read_all() -> float:
+        buf = bytearray(8 << 20)
+        start = time.perf_counter()
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+        return size / (time.perf_counter() - start) / 1e6
+
+    cold = read_all()
+    warm = read_all()
+    path.unlink()
+    return cold, warm, how
+
+
+def bench_family(family: str, repeats: int, prefix_words: int, work: Path) -> dict:
+    path = ensure_fixture(family, "bench")
+    loaded: LoadedModel = load_model(path, block_size=BLOCK)
+    tenant = make_tenant(b"bench-secret-0123456789abcdef012", "bench")
+    img = picture()
+    part = ImagePart(img, image_hash(tenant.salt, img))
+    system = ChatMessage("system", (TextPart(text_of(prefix_words, 0)),))
+
+    def messages(seed: int) -> list[ChatMessage]:
+        return [system, ChatMessage("user", (part, TextPart(f"Question {seed}: " + text_of(30, seed))))]
+
+    cache_dir = work / family
+    shutil.rmtree(cache_dir, ignore_errors=True)
+
+    def runner(ssd: bool) -> ModelRunner:
+        settings = EngineSettings(
+            model_path=path, cache_dir=cache_dir, block_size=BLOCK, prefill_chunk=512,
+            ram_budget_bytes=4 << 30, ssd_enabled=ssd,
+        )
+        return ModelRunner(loaded, settings)
+
+    results: dict[str, list[Sample]] = {"cold": [], "ram": [], "ssd_page_cache": [], "ssd_disk": []}
+    request(runner(False), tenant, [ChatMessage("user", (TextPart("warm-up"),))])  # first-call costs
+    results["cold"].append(request(runner(False), tenant, messages(1)))
+
+    holder = runner(True)
+    request(holder, tenant, messages(0))  # computes and stores the prefix
+    for k in range(repeats):
+        results["ram"].append(request(holder, tenant, messages(10 + k)))
+    holder.close()  # writes every resident block
+
+    drop_how = ""
+    for k in range(repeats):
+        for mode in ("ssd_page_cache", "ssd_disk"):
+            if mode == "ssd_disk":
+                drop_how = drop_page_cache(cache_dir)
+            fresh = runner(True)
+            results[mode].append(request(fresh, tenant, messages(100 + 2 * k + (mode == "ssd_disk"))))
+            fresh.close()
+    shutil.rmtree(cache_dir, ignore_errors=True)
+    return {"family": family, "results": results, "drop": drop_how}
+
+
+def median(samples: list[Sample], field: str) -> float:
+    return statistics.median(getattr(s, field) for s in samples)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--families", nargs="+", default=["qwen2_vl"])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--prefix-words", type=int, default=2450, help="system prompt words (~4K tokens with the image)")
+    parser.add_argument("--work-dir", type=Path, default=None, help="where cache files go (default: a temp dir)")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+    work = args.work_dir or Path(tempfile.mkdtemp(prefix="vlmcache-ssd-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+
+    disk_cold, disk_warm, disk_how = disk_read_bandwidth(work)
+    print(f"disk sequential read ({work}): {disk_cold:,.0f} MB/s after {disk_how}, "
+          f"{disk_warm:,.0f} MB/s from the page cache")
+    report = {"disk_read_mb_s": disk_cold, "page_cache_read_mb_s": disk_warm, "disk_drop": disk_how, "families": []}
+    for family in args.families:
+        found = bench_family(family, args.repeats, args.prefix_words, work)
+        results = found["results"]
+        cold_ttft = median(results["cold"], "ttft_s")
+        print(f"\n{family} (bench): prompt {results['cold'][0].prompt_tokens} tokens, "
+              f"medians of {args.repeats} (cold: 1 run); page cache dropped by {found['drop']}")
+        print(f"{'mode':<16}{'cached':>8}{'TTFT s':>9}{'vs cold':>9}{'restore s':>11}"
+              f"{'read MB':>9}{'read MB/s':>11}{'io MB/s':>10}{'io/disk':>9}")
+        for mode, samples in results.items():
+            nbytes = median(samples, "read_bytes")
+            read_s, io_s = median(samples, "read_s"), median(samples, "read_io_s")
+            rate = nbytes / read_s / 1e6 if read_s else 0.0
+            io_rate = nbytes / io_s / 1e6 if io_s else 0.0
+            print(f"{mode:<16}{int(median(samples, 'cached_tokens')):>8}{median(samples, 'ttft_s'):>9.3f}"
+                  f"{cold_ttft / median(samples, 'ttft_s'):>8.1f}x{median(samples, 'restore_s'):>11.3f}"
+                  f"{nbytes / 1e6:>9.1f}{rate:>11,.0f}{io_rate:>10,.0f}"
+                  f"{(io_rate / disk_cold if io_rate else 0):>8.2f}x")
+        report["families"].append({
+            "family": family, "drop": found["drop"],
+            "results": {mode: [asdict(s) for s in samples] for mode, samples in results.items()},
+        })
+    if args.json is not None:
+        args.json.write_text(json.dumps(report, indent=1))
+    if args.work_dir is None:
+        shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
