@@ -70,7 +70,11 @@ def ttft(runner: ModelRunner, tenant, messages: list[ChatMessage]) -> tuple[floa
 def bench_family(family: str, repeats: int, prefix_words: int) -> dict:
     path = ensure_fixture(family, "bench")
     loaded = load_model(path, block_size=64)
-    settings = EngineSettings(model_path=path, cache_dir=Path("/tmp/vlmcache-bench"), block_size=64, prefill_chunk=512)
+    # RAM tier only: this benchmark measures reuse from RAM (benchmarks/ssd_restore.py does SSD).
+    settings = EngineSettings(
+        model_path=path, cache_dir=Path("/tmp/vlmcache-bench"), block_size=64, prefill_chunk=512,
+        ssd_enabled=False,
+    )
     tenant = make_tenant(b"bench-secret-0123456789abcdef012", "bench")
     img = picture(1)
     part = ImagePart(img, image_hash(tenant.salt, img))

@@ -353,14 +353,23 @@ class TieredPrefixCache:
         return block
 
     def close(self) -> None:
-        """Write every resident block to SSD (oldest first), then close the SSD tier
-        (idempotent; no lookup may follow)."""
+        """Write the resident blocks to SSD, then close the SSD tier (idempotent; no lookup may
+        follow).
+
+        Oldest first, so the SSD's LRU order follows RAM's; blocks so old that the newer ones
+        alone fill the SSD budget are skipped (they would be written only to be deleted).
+        """
         if self._ssd is None or self._closed:
             return
         self._closed = True
-        for block in list(self._ram.pool.free_blocks()) + [
-            b for b in self._ram.pool if b.ref_count
-        ]:
+        pool = self._ram.pool
+        blocks = list(pool.free_blocks()) + [b for b in pool if b.ref_count]
+        room = self._ssd.budget_bytes
+        first = len(blocks)
+        while first > 0 and blocks[first - 1].nbytes <= room:
+            first -= 1
+            room -= blocks[first].nbytes
+        for block in blocks[first:]:
             if self._ssd.spill(block, wait=True):
                 self.stats.flushed += 1
         self._ssd.close()

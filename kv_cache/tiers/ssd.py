@@ -124,7 +124,8 @@ class SsdTier:
         for codec in codecs:
             self._codecs[codec.kind] = codec
         self._lock_fd = _lock(self.layout.lock_path)
-        self._counters = SsdStats(budget_bytes=budget_bytes)
+        # Plain numbers under a lock; ``stats()`` freezes them into an ``SsdStats``.
+        self._counters: dict[str, float] = dataclasses.asdict(SsdStats(budget_bytes=budget_bytes))
         self._stats_lock = threading.Lock()
         self._closed = False
         try:
@@ -446,11 +447,16 @@ class SsdTier:
             self._index.close()
             os.close(self._lock_fd)
 
+    @property
+    def budget_bytes(self) -> int:
+        """Capacity in file bytes."""
+        return self._budget
+
     def stats(self) -> SsdStats:
         """A snapshot of the counters."""
         queued = self._writer.queued
         with self._stats_lock:
-            return dataclasses.replace(self._counters, queued=queued)
+            return SsdStats(**{**self._counters, "queued": queued})  # type: ignore[arg-type]
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -478,7 +484,7 @@ class SsdTier:
 
     def _over_budget(self) -> bool:
         with self._stats_lock:
-            return self._counters.bytes > self._budget
+            return self._counters["bytes"] > self._budget
 
     def _enforce_capacity(self) -> None:
         while self._over_budget():
@@ -520,10 +526,8 @@ class SsdTier:
 
     def _count(self, **deltas: float) -> None:
         with self._stats_lock:
-            c = self._counters
-            self._counters = dataclasses.replace(
-                c, **{name: getattr(c, name) + delta for name, delta in deltas.items()}
-            )
+            for name, delta in deltas.items():
+                self._counters[name] += delta
 
 
 def read_file(path: Path) -> bytearray:

@@ -187,3 +187,19 @@ def test_tail_match_is_the_lookup_tail_rule() -> None:
     # Same tokens, a different image from offset 1: only the token before it matches.
     assert tail_match((1, 2, 3, 4), ((image, 1),), (1, 2, 3, 4), ((b"\x06" * 16, 1),), 4) == 1
     assert tail_match((1, 2, 3, 4), ((image, 1),), (1, 2, 3, 4), ((image, 1),), 4) == 4
+
+
+def test_close_writes_resident_blocks_newest_that_fit(tmp_path: Path) -> None:
+    big = [payload(i, 64) for i in range(6)]  # 8 KiB each: file headers are small beside them
+    ssd = open_tier(tmp_path, budget_bytes=int(4.7 * big[0].nbytes))
+    cache = PrefixCache(B, RamTier(1 << 20), on_evict=ssd.spill)
+    tiered = TieredPrefixCache(cache, ssd, needs_checkpoint=False)
+    stored = cache.store(ROOT, A, (), big, None, owner="s1", namespace=NAMESPACE)
+    tiered.close()
+    assert tiered.stats.flushed == 4
+    assert ssd.stats().capacity_deletions == 0  # the two oldest were never written
+    again = open_tier(tmp_path)
+    # RAM ages a chain deepest first: the 4 most recently used are blocks 0..3.
+    found = again.find_blocks([b.block_hash for b in stored])
+    assert sorted(found) == sorted(b.block_hash for b in stored[:4])
+    again.close()
