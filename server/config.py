@@ -176,6 +176,9 @@ class ServerConfig:
             max_tokens_default=values.get("default_max_tokens", 256, int),
             hit_rate_warn_threshold=values.get("hit_rate_warn_threshold", 0.2, float),
             hit_rate_window=values.get("hit_rate_window", 50, int),
+            ssd_enabled=not values.get("no_ssd", False, _parse_bool),
+            ssd_budget_bytes=values.get("ssd_budget", 10 * 2**30, parse_byte_size),
+            ssd_queue_size=values.get("ssd_queue", 64, int),
         )
         keys = values.get("keys", None)
         return cls(
@@ -256,6 +259,13 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
                        help="KV RAM tier budget, e.g. 512MB or 2GiB (default 20%% of available RAM)")
     cache.add_argument("--vision-budget", metavar="SIZE",
                        help="vision-feature cache budget (default 1/8 of the RAM budget)")
+    cache.add_argument("--no-ssd", action="store_const", const=True,
+                       help="RAM only: no SSD tier (evicted blocks are dropped, nothing on disk)")
+    cache.add_argument("--ssd-budget", metavar="SIZE",
+                       help="SSD tier capacity; least recently used files go first (default 10GiB)")
+    cache.add_argument("--ssd-queue", type=int, metavar="BLOCKS",
+                       help="pending SSD writes before spills are dropped (counted) rather than "
+                            "block a request (default 64)")
     cache.add_argument("--block-size", type=int, metavar="TOKENS",
                        help="tokens per KV block (default 64)")
     cache.add_argument("--prefill-chunk", type=int, metavar="TOKENS",

@@ -113,3 +113,22 @@ def test_from_args_without_cli_parser() -> None:
     args = argparse.Namespace(model="/m", port=None)
     config = ServerConfig.from_args(args, {"VLMCACHE_PORT": "1234"})
     assert (config.engine.model_path, config.port) == (Path("/m"), 1234)
+
+
+def test_ssd_flags_and_env() -> None:
+    from server.config import add_serve_arguments
+
+    parser = argparse.ArgumentParser()
+    add_serve_arguments(parser)
+    fixture = lambda family, preset: Path(f"/fixtures/{family}-{preset}")  # noqa: E731
+    on = ServerConfig.from_args(parser.parse_args([]), {}, resolve_fixture=fixture)
+    assert (on.engine.ssd_enabled, on.engine.ssd_budget_bytes, on.engine.ssd_queue_size) == (
+        True, 10 * 2**30, 64)
+    off = ServerConfig.from_args(
+        parser.parse_args(["--no-ssd", "--ssd-budget", "2GiB", "--ssd-queue", "8"]), {},
+        resolve_fixture=fixture)
+    assert (off.engine.ssd_enabled, off.engine.ssd_budget_bytes, off.engine.ssd_queue_size) == (
+        False, 2 * 2**30, 8)
+    env = ServerConfig.from_args(parser.parse_args([]), {"VLMCACHE_NO_SSD": "1"},
+                                 resolve_fixture=fixture)
+    assert env.engine.ssd_enabled is False
