@@ -405,9 +405,9 @@ class ModelRunner:
         snapshot also serves an identical prompt at ``n - 1``), ``n - 1`` for recurrent ones
         (a checkpoint at ``n`` could never serve the same prompt again: one token must be left).
 
-        Recurrent models also get restore points where prompts sharing a history tend to part:
-        each message text start and each image end (attention models reach any such length
-        by trimming; recurrent state only where a checkpoint was taken).
+        Recurrent models also get restore points where prompts sharing a history tend to part
+        (attention models reach any such length by trimming; recurrent state only where a
+        checkpoint was taken).
         """
         ids = prompt.token_ids
         n = int(ids.shape[0])
@@ -415,7 +415,10 @@ class ModelRunner:
         snapshot = n - 1 if self._recurrent else n
         restore_points = {snapshot}
         if self._recurrent:
-            restore_points.update(prompt.text_starts)
+            # Each point splits the forward pass and costs a state copy, so only where reuse
+            # is likely: the end of the opening message (a shared system prompt), the start of
+            # the last message (a retried or edited question) and image ends.
+            restore_points.update(prompt.text_starts[1:2] + prompt.text_starts[-1:])
             restore_points.update(img.span.end for img in prompt.images)
         restore_points = {p for p in restore_points if start < p < n or p == snapshot}
         stops = {n, last_boundary, *restore_points}
