@@ -42,6 +42,8 @@ class Block:
         owners: Session ids whose tokens produced this block (for erasure).
         namespace: Storage namespace of the tenant whose chain holds the block (a digest of
             the tenant salt), so a lower tier can file the block under it; None when unknown.
+        stored_at: Wall-clock seconds when the block's content was first computed (kept across
+            tiers: retention counts from it); None when unknown (a lower tier stamps it then).
         children: Stored children (full and partial) of this block, by hash.
         resident: True while the block is in the pool (reachable by hash).
         prev_free: Previous block in the free queue (intrusive link).
@@ -59,6 +61,7 @@ class Block:
     last_access: int = 0
     owners: set[str] = field(default_factory=set)
     namespace: str | None = None
+    stored_at: float | None = None
     children: dict[BlockHash, Block] = field(default_factory=dict, repr=False)
     resident: bool = False
     prev_free: Block | None = field(default=None, repr=False)

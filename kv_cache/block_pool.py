@@ -10,6 +10,7 @@ for blocks, and evicting a parent never loses its children.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
@@ -24,6 +25,11 @@ _EMPTY: Mapping[BlockHash, Block] = MappingProxyType({})
 class BlockPool:
     """Resident blocks by hash, with O(1) LRU over the unreferenced ones.
 
+    Unreferenced blocks wait in one LRU queue per tenant namespace, so the oldest block of one
+    tenant (quota eviction) is as cheap to find as the oldest of all (the oldest of the queue
+    heads, one per tenant). Every queue is in access-stamp order, so merging them by stamp
+    gives the global LRU order.
+
     Args:
         clock: Returns a strictly increasing access stamp on each call; share one clock
             between all users of a RAM budget so their ages compare.
@@ -34,7 +40,7 @@ class BlockPool:
     def __init__(self, clock: Callable[[], int] | None = None) -> None:
         self._blocks: dict[BlockHash, Block] = {}
         self._detached: dict[BlockHash, dict[BlockHash, Block]] = {}
-        self._free = FreeQueue()
+        self._free: dict[str | None, FreeQueue] = {}
         self._by_owner: dict[str, set[Block]] = {}
         self._clock = clock if clock is not None else itertools.count(1).__next__
 
@@ -50,7 +56,7 @@ class BlockPool:
     @property
     def free_count(self) -> int:
         """Number of unreferenced (evictable) blocks."""
-        return len(self._free)
+        return sum(len(queue) for queue in self._free.values())
 
     def get(self, block_hash: BlockHash) -> Block | None:
         """The resident block with this hash, or None."""
@@ -65,7 +71,19 @@ class BlockPool:
 
     def free_blocks(self) -> Iterator[Block]:
         """Unreferenced blocks, least recently used first."""
-        return iter(self._free)
+        queues = list(self._free.values())
+        if len(queues) == 1:
+            return iter(queues[0])
+        return heapq.merge(*queues, key=lambda block: block.last_access)
+
+    def free_blocks_of(self, namespace: str | None) -> Iterator[Block]:
+        """Unreferenced blocks of one namespace, least recently used first."""
+        queue = self._free.get(namespace)
+        return iter(queue) if queue is not None else iter(())
+
+    def free_namespaces(self) -> list[str | None]:
+        """Namespaces that have unreferenced blocks."""
+        return [ns for ns, queue in self._free.items() if len(queue)]
 
     def owned_by(self, owner: str) -> frozenset[Block]:
         """Resident blocks that list ``owner``."""
@@ -94,15 +112,20 @@ class BlockPool:
             block.children = orphans
         for owner in block.owners:
             self._by_owner.setdefault(owner, set()).add(block)
-        if block.ref_count == 0 and parent is not None and parent.prev_free is not None:
+        if (
+            block.ref_count == 0
+            and parent is not None
+            and parent.prev_free is not None
+            and parent.namespace == block.namespace
+        ):
             # Harvesting a chain block by block adds each block under the one before: placing
             # it just ahead of its parent keeps the chain aging deepest first, in O(1).
             block.last_access = parent.last_access
-            self._free.insert_before(parent, block)
+            self._queue(block).insert_before(parent, block)
             return
         block.last_access = self._clock()
         if block.ref_count == 0:
-            self._free.append(block)
+            self._queue(block).append(block)
 
     def remove(self, block: Block) -> None:
         """Make a resident block non-resident; its children stay, detached.
@@ -131,13 +154,22 @@ class BlockPool:
             if not owned:
                 del self._by_owner[owner]
         if block.prev_free is not None:
-            self._free.remove(block)
+            self._queue(block).remove(block)
 
     def add_owner(self, block: Block, owner: str) -> None:
         """Record that ``owner`` produced ``block``."""
         block.owners.add(owner)
         if block.resident:
             self._by_owner.setdefault(owner, set()).add(block)
+
+    def discard_owner(self, block: Block, owner: str) -> None:
+        """Forget ``owner`` on one block (erasure of a session that shares it)."""
+        block.owners.discard(owner)
+        owned = self._by_owner.get(owner)
+        if owned is not None:
+            owned.discard(block)
+            if not owned:
+                del self._by_owner[owner]
 
     def remove_owner(self, owner: str) -> list[Block]:
         """Forget ``owner`` everywhere.
@@ -158,14 +190,14 @@ class BlockPool:
         """Mark a use of ``block``: newest access stamp, end of the free queue."""
         block.last_access = self._clock()
         if block.prev_free is not None:
-            self._free.move_to_end(block)
+            self._queue(block).move_to_end(block)
 
     def acquire(self, block: Block) -> None:
         """Pin a resident block so it cannot be evicted."""
         if not block.resident:
             raise ValueError(f"cannot acquire non-resident block {block.block_hash.hex()}")
         if block.ref_count == 0:
-            self._free.remove(block)
+            self._queue(block).remove(block)
         block.ref_count += 1
 
     def release(self, block: Block) -> bool:
@@ -181,9 +213,25 @@ class BlockPool:
             return False
         if block.resident:
             block.last_access = self._clock()
-            self._free.append(block)
+            self._queue(block).append(block)
         return True
 
     def oldest_free(self) -> Block | None:
         """The least recently used unreferenced block, or None."""
-        return self._free.first()
+        best: Block | None = None
+        for queue in self._free.values():
+            first = queue.first()
+            if first is not None and (best is None or first.last_access < best.last_access):
+                best = first
+        return best
+
+    def oldest_free_of(self, namespace: str | None) -> Block | None:
+        """The least recently used unreferenced block of one namespace, or None."""
+        queue = self._free.get(namespace)
+        return queue.first() if queue is not None else None
+
+    def _queue(self, block: Block) -> FreeQueue:
+        queue = self._free.get(block.namespace)
+        if queue is None:
+            queue = self._free[block.namespace] = FreeQueue()
+        return queue

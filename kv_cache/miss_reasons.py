@@ -167,6 +167,19 @@ class ContentIndex:
     def namespaces(self, digest: bytes) -> frozenset[str]:
         return self._entries.get(digest, frozenset())
 
+    def forget_namespace(self, namespace: str) -> int:
+        """Strike a namespace from every digest (tenant erasure). Returns the digests dropped."""
+        dropped = 0
+        for digest, known in list(self._entries.items()):
+            if namespace in known:
+                rest = known - {namespace}
+                if rest:
+                    self._entries[digest] = rest
+                else:
+                    del self._entries[digest]
+                    dropped += 1
+        return dropped
+
     def __len__(self) -> int:
         return len(self._entries)
 
@@ -225,6 +238,10 @@ class MissAttributor:
     def record_expired(self, block_hash: BlockHash) -> None:
         """A block was dropped by its time to live (called by the TTL sweeper)."""
         self.ghosts.record(block_hash, MissReason.EXPIRED)
+
+    def forget_namespace(self, namespace: str) -> None:
+        """A tenant was erased: forget which contents it sent (its counts stay)."""
+        self.contents.forget_namespace(namespace)
 
     # -- attribution ----------------------------------------------------------------------------
 

@@ -11,7 +11,9 @@ At least one prompt token is always left to compute (its logits start decoding):
 takes full blocks ending at or before ``len(tokens) - 1``, and the tail is capped to the same
 bound. A fully cached final block therefore appears as a tail candidate with ``B - 1`` tokens.
 
-Eviction. Strict LRU over unreferenced blocks, any depth. ``touch``, ``release`` and ``store``
+Eviction. LRU over unreferenced blocks, any depth, under the RAM tier's quota rule (a tenant
+over its quota gives back its own oldest blocks; room under the budget comes from the requester
+and the tenants above their guarantee: ``kv_cache.tiers.quota``); without quotas, strict LRU. ``touch``, ``release`` and ``store``
 stamp a chain deepest block first, a block inserted under an unreferenced parent is queued just
 before it, and every use of a block also uses its ancestors, so a parent is never older than
 its children and leaves go first. If a parent does go first (its
@@ -29,13 +31,19 @@ nothing and returns that child.
 
 Spilling. ``on_evict(block)`` is called exactly once for each block leaving RAM by eviction,
 and for each new block RAM refuses (referenced blocks fill the budget), so a lower tier can
-take it; it is not called for superseded or discarded blocks.
+take it; it is not called for superseded, discarded (erased) or expired blocks.
+
+Retention. Every block records ``stored_at`` (wall clock of its first computation, kept when a
+lower tier hands it back), so time to live counts from when the content was made, never from
+its last use; ``expire`` drops a block for that reason (``kv_cache.retention``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import numpy as np
 
@@ -52,7 +60,10 @@ from kv_cache.hashing import (
     hash_block_bytes,
     token_array,
 )
+from kv_cache.matching import checkpointed, keys_before, tail_match
 from kv_cache.tiers.ram import RamTier
+
+__all__ = ["DEFAULT_BLOCK_SIZE", "PrefixCache", "PrefixCacheStats", "PrefixHit", "tail_match"]
 
 # Tokens per block unless configured otherwise.
 DEFAULT_BLOCK_SIZE = 64
@@ -98,6 +109,7 @@ class PrefixCacheStats:
         evictions: Blocks evicted for room.
         evicted_bytes: Bytes of those blocks.
         discarded: Blocks dropped by ``discard``.
+        expired: Blocks dropped by ``expire`` (time to live over).
     """
 
     lookups: int = 0
@@ -112,6 +124,7 @@ class PrefixCacheStats:
     evictions: int = 0
     evicted_bytes: int = 0
     discarded: int = 0
+    expired: int = 0
 
 
 class PrefixCache:
@@ -121,16 +134,19 @@ class PrefixCache:
         block_size: Tokens per full block.
         ram: RAM budget to charge; the cache registers itself as an evictor.
         on_evict: Receives each block that leaves (or is refused by) RAM, once.
+        clock: Wall-clock seconds stamped on new blocks as ``stored_at`` (injectable for tests).
     """
 
     __slots__ = ("_block_size", "_ram", "_on_evict", "_pool", "_resident_bytes", "stats",
-                 "_eviction_listeners")
+                 "_eviction_listeners", "_clock", "_usage")
 
     def __init__(
         self,
         block_size: int,
         ram: RamTier,
         on_evict: Callable[[Block], None] | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if block_size <= 0:
             raise ValueError(f"block_size must be positive, got {block_size}")
@@ -139,6 +155,8 @@ class PrefixCache:
         self._on_evict = on_evict
         self._pool = BlockPool(clock=self._ram.tick)
         self._resident_bytes = 0
+        self._usage: dict[str | None, int] = {}
+        self._clock = clock
         self.stats = PrefixCacheStats()
         self._eviction_listeners: list[Callable[[Block], None]] = []
         self._ram.register(self)
@@ -162,6 +180,11 @@ class PrefixCache:
     def resident_bytes(self) -> int:
         """Bytes of this cache's resident blocks."""
         return self._resident_bytes
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The wall clock of ``stored_at`` stamps."""
+        return self._clock
 
     def __len__(self) -> int:
         return len(self._pool)
@@ -278,6 +301,7 @@ class PrefixCache:
         *,
         partial: bool,
         namespace: str | None = None,
+        stored_at: float | None = None,
     ) -> Block | None:
         """Store one block under ``parent`` (as the engine harvests it).
 
@@ -289,7 +313,9 @@ class PrefixCache:
             owner: Session id that produced the block.
             partial: Whether this is a trailing partial block.
             namespace: Tenant storage namespace recorded on a new block (lower tiers file
-                the block under it).
+                the block under it); its RAM quota applies.
+            stored_at: When the content was first computed (a block promoted from a lower
+                tier keeps its age); None: now.
 
         Returns:
             The resident block: the new one; the one already stored with this hash (touched,
@@ -307,7 +333,8 @@ class PrefixCache:
             raise ValueError(f"full block needs {self._block_size} tokens, got {count}")
         digest = hash_block_bytes(parent, array.tobytes(), count, encode_extra(extra))
         return self._insert(
-            parent, digest, tuple(array.tolist()), tuple(extra), payload, owner, partial, namespace
+            parent, digest, tuple(array.tolist()), tuple(extra), payload, owner, partial, namespace,
+            stored_at,
         )
 
     def store(
@@ -388,6 +415,7 @@ class PrefixCache:
         owner: str | None,
         partial: bool,
         namespace: str | None = None,
+        stored_at: float | None = None,
     ) -> Block | None:
         pool = self._pool
         existing = pool.get(digest)
@@ -405,7 +433,7 @@ class PrefixCache:
                 pool.add_owner(existing, owner)
             self.stats.already_present += 1
             return existing
-        if partial and not _checkpointed(payload):
+        if partial and not checkpointed(payload):
             cover = self._covering_child(parent, tokens, extra)
             if cover is not None:
                 pool.touch(cover)
@@ -416,16 +444,19 @@ class PrefixCache:
         nbytes = payload.nbytes
         if not isinstance(nbytes, int) or nbytes < 0:
             raise ValueError(f"payload.nbytes must be an int >= 0, got {nbytes!r}")
-        block = Block(digest, parent, tokens, extra, payload, nbytes, partial, namespace=namespace)
+        block = Block(
+            digest, parent, tokens, extra, payload, nbytes, partial, namespace=namespace,
+            stored_at=self._clock() if stored_at is None else stored_at,
+        )
         if owner is not None:
             block.owners.add(owner)
-        if not self._ram.reserve(nbytes):
+        if not self._ram.reserve(nbytes, namespace):
             self.stats.rejected += 1
             self._spill(block)
             return None
         self._ram.charge(nbytes)
         pool.add(block)
-        self._resident_bytes += nbytes
+        self._count_resident(block, 1)
         self.stats.inserts += 1
         self._supersede_partials(block)
         return block
@@ -438,7 +469,7 @@ class PrefixCache:
             if (
                 len(child.tokens) > count
                 and child.tokens[:count] == tokens
-                and _keys_before(child.extra, count) == extra
+                and keys_before(child.extra, count) == extra
             ):
                 return child
         return None
@@ -448,10 +479,10 @@ class PrefixCache:
             sibling
             for sibling in self._pool.children_of(block.parent).values()
             if sibling.is_partial
-            and not _checkpointed(sibling.payload)
+            and not checkpointed(sibling.payload)
             and len(sibling.tokens) < len(block.tokens)
             and block.tokens[: len(sibling.tokens)] == sibling.tokens
-            and _keys_before(block.extra, len(sibling.tokens)) == sibling.extra
+            and keys_before(block.extra, len(sibling.tokens)) == sibling.extra
         ]
         for sibling in covered:
             self._drop(sibling)
@@ -465,6 +496,11 @@ class PrefixCache:
         self._drop(block)
         self.stats.discarded += 1
 
+    def expire(self, block: Block) -> None:
+        """Drop a resident block whose time to live is over, without spilling it."""
+        self._drop(block)
+        self.stats.expired += 1
+
     def remove_owner(self, session_id: str) -> list[Block]:
         """Forget a session as owner of every block.
 
@@ -473,22 +509,27 @@ class PrefixCache:
         """
         return self._pool.remove_owner(session_id)
 
-    def oldest_access(self) -> int | None:
-        """Access stamp of the next eviction victim (``Evictor`` protocol)."""
-        block = self._pool.oldest_free()
+    def usage(self) -> Mapping[str | None, int]:
+        """Resident bytes per tenant namespace (``Evictor`` protocol; read only)."""
+        return MappingProxyType(self._usage)
+
+    def oldest_access(self, namespace: str | None) -> int | None:
+        """Access stamp of the next eviction victim of a namespace (``Evictor`` protocol)."""
+        block = self._pool.oldest_free_of(namespace)
         return None if block is None else block.last_access
 
-    def evict_oldest(self) -> int:
-        """Evict the least recently used unreferenced block (``Evictor`` protocol).
+    def evict_oldest(self, namespace: str | None) -> int:
+        """Evict the least recently used unreferenced block of a namespace (``Evictor``
+        protocol).
 
         Returns:
             The bytes freed.
         """
-        block = self._pool.oldest_free()
+        block = self._pool.oldest_free_of(namespace)
         if block is None:
-            raise ValueError("no unreferenced block to evict")
+            raise ValueError(f"no unreferenced block of namespace {namespace!r} to evict")
         self._pool.remove(block)
-        self._resident_bytes -= block.nbytes
+        self._count_resident(block, -1)
         self._ram.discharge(block.nbytes)
         self.stats.evictions += 1
         self.stats.evicted_bytes += block.nbytes
@@ -497,9 +538,18 @@ class PrefixCache:
 
     def _drop(self, block: Block) -> None:
         self._pool.remove(block)
-        self._resident_bytes -= block.nbytes
+        self._count_resident(block, -1)
         if block.ref_count == 0:
             self._ram.discharge(block.nbytes)
+
+    def _count_resident(self, block: Block, sign: int) -> None:
+        self._resident_bytes += sign * block.nbytes
+        used = self._usage.get(block.namespace, 0) + sign * block.nbytes
+        assert used >= 0, (block.namespace, used)
+        if used:
+            self._usage[block.namespace] = used
+        else:
+            self._usage.pop(block.namespace, None)
 
     def watch_evictions(self, listener: Callable[[Block], None]) -> None:
         """Also tell ``listener`` of every block ``on_evict`` receives (before it does).
@@ -514,81 +564,3 @@ class PrefixCache:
             listener(block)
         if self._on_evict is not None:
             self._on_evict(block)
-
-
-def tail_match(
-    stored: tuple[int, ...],
-    stored_extra: tuple[ExtraKey, ...],
-    window: tuple[int, ...],
-    window_extra: tuple[ExtraKey, ...],
-    cap: int,
-) -> int:
-    """Tokens of a stored block usable as the tail of a request (the ``lookup`` tail rule).
-
-    Lower tiers match their own stored children with the same rule as RAM.
-
-    Args:
-        stored: The stored block's tokens.
-        stored_extra: Its extra keys.
-        window: The request's next tokens (at most one block).
-        window_extra: Extra keys of ``window`` (``block_extra_keys`` with its length).
-        cap: Most tokens that may match.
-
-    Returns:
-        The longest common prefix of ``stored`` and ``window`` (at most ``cap``), cut where
-        the image keys first disagree.
-    """
-    matched = _common_prefix(stored, window, cap)
-    if matched and (stored_extra or window_extra):
-        matched = _agreeing_prefix(stored_extra, window_extra, matched)
-    return matched
-
-
-def _checkpointed(payload: Payload | None) -> bool:
-    """Whether a payload is a restore point of its own (``payload.checkpointed``).
-
-    Recurrent state can be restored only at the exact length a checkpoint was taken, so a
-    covering block (without a checkpoint at that length) does not make such a partial redundant.
-    """
-    return bool(getattr(payload, "checkpointed", False))
-
-
-def _common_prefix(stored: tuple[int, ...], window: tuple[int, ...], cap: int) -> int:
-    limit = min(len(stored), len(window), cap)
-    if stored[:limit] == window[:limit]:
-        return limit
-    for index in range(limit):
-        if stored[index] != window[index]:
-            return index
-    raise AssertionError("unreachable: slices differ but no element does")
-
-
-def _keys_before(extra: tuple[ExtraKey, ...], count: int) -> tuple[ExtraKey, ...]:
-    """Keys of the images overlapping the first ``count`` tokens of a block.
-
-    Every key of a block belongs to a span ending after the block's start, so the span
-    overlaps the first ``count`` tokens exactly when its offset is below ``count``.
-    """
-    return tuple(key for key in extra if key[1] < count)
-
-
-def _agreeing_prefix(
-    stored: tuple[ExtraKey, ...], requested: tuple[ExtraKey, ...], matched: int
-) -> int:
-    """Shrink a token match to where the image keys agree.
-
-    Tokens before a disagreeing image's first placeholder do not depend on that image
-    (causal attention), so the match ends at the lowest offset of a differing key.
-    """
-    while matched > 0:
-        ours = _keys_before(stored, matched)
-        theirs = _keys_before(requested, matched)
-        if ours == theirs:
-            return matched
-        index = next(
-            (i for i, (a, b) in enumerate(zip(ours, theirs, strict=False)) if a != b),
-            min(len(ours), len(theirs)),
-        )
-        offsets = [keys[index][1] for keys in (ours, theirs) if index < len(keys)]
-        matched = max(0, min(offsets))
-    return 0

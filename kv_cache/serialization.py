@@ -263,6 +263,7 @@ class BlockMeta:
         namespace: Tenant storage namespace.
         owners: Session ids that produced or reused it.
         nbytes: Bytes of the payload in RAM (what promoting it charges).
+        stored_at: Wall-clock seconds when the content was first computed (retention).
     """
 
     block_hash: BlockHash
@@ -274,6 +275,7 @@ class BlockMeta:
     namespace: str
     owners: tuple[str, ...]
     nbytes: int
+    stored_at: float = 0.0
 
 
 def extra_to_json(extra: Sequence[ExtraKey]) -> list[list[Any]]:
@@ -331,6 +333,7 @@ def block_metadata(
         "layers": layers,
         "kv_dtype": kv_dtype,
         "nbytes": payload.nbytes,
+        "stored_at": meta.stored_at,
     }
 
 
@@ -361,6 +364,8 @@ def decode_block_meta(
             namespace=str(m["namespace"]),
             owners=tuple(str(o) for o in m["owners"]),
             nbytes=int(m["nbytes"]),
+            # Files of format 1 written before retention existed have none: age unknown, 0.
+            stored_at=float(m.get("stored_at", 0.0)),
         )
         check_digest(meta.block_hash, "block_hash")
         check_digest(meta.parent, "parent")

@@ -1,7 +1,9 @@
 """The prefix cache across tiers: a RAM walk continued in the SSD index, then promotion.
 
 ```
- lookup(root, tokens, spans, namespace)
+ lookup(root, tokens, spans, namespace, expired_before)
+   retention: expired RAM blocks the walk could reach are dropped first, expired SSD rows are
+       misses (deleted after the walk); either is reported to ``on_expired``
    walk block by block: resident in RAM and verified?  else in the SSD index (or write queue),
        verified against the row (parent, tokens, extra keys, namespace)?  else stop
    tail candidates: RAM children and SSD children of the last matched block
@@ -23,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,8 +42,10 @@ from kv_cache.hashing import (
 )
 from kv_cache.payload import BlockPayload
 from kv_cache.prefix_cache import PrefixCache, PrefixHit, tail_match
+from kv_cache.retention import is_expired, purge_chain
 from kv_cache.serialization import BlockMeta
 from kv_cache.tiers.ssd import SsdTier
+from kv_cache.tiers.ssd_index import RecordKind
 
 # A step of the walk or a tail candidate: resident (Block) or on SSD (BlockMeta).
 _Node = Block | BlockMeta
@@ -64,6 +68,8 @@ class TieredStats:
         reload_seconds: Time spent promoting, over all lookups.
         last_reload_seconds: Time spent promoting in the last lookup that promoted.
         flushed: Blocks written at ``close``.
+        expired_ram: Resident blocks a lookup found expired (dropped).
+        expired_ssd: SSD blocks a lookup found expired (deleted).
     """
 
     lookups: int = 0
@@ -78,6 +84,8 @@ class TieredStats:
     reload_seconds: float = 0.0
     last_reload_seconds: float = 0.0
     flushed: int = 0
+    expired_ram: int = 0
+    expired_ssd: int = 0
 
 
 class NamespacedStore:
@@ -113,12 +121,24 @@ class TieredPrefixCache:
         ssd: The SSD tier, or None for RAM only.
         needs_checkpoint: Whether a hit length is restorable only where the block ending
             there carries a checkpoint (models with recurrent layers).
+        on_expired: Told the hash of every block a lookup found expired (miss attribution).
     """
 
-    def __init__(self, ram: PrefixCache, ssd: SsdTier | None, *, needs_checkpoint: bool) -> None:
+    def __init__(
+        self,
+        ram: PrefixCache,
+        ssd: SsdTier | None,
+        *,
+        needs_checkpoint: bool,
+        on_expired: Callable[[BlockHash], None] | None = None,
+    ) -> None:
         self._ram = ram
         self._ssd = ssd
         self._needs_checkpoint = needs_checkpoint
+        self._on_expired = on_expired
+        # Of the lookup in progress: its retention cutoff, and the SSD blocks found expired.
+        self._cutoff: float | None = None
+        self._expired: dict[BlockHash, None] = {}
         self._closed = False
         self.stats = TieredStats()
 
@@ -140,6 +160,8 @@ class TieredPrefixCache:
         tokens: Sequence[int] | np.ndarray,
         spans: Sequence[ImageSpan],
         namespace: str,
+        *,
+        expired_before: float | None = None,
     ) -> PrefixHit:
         """Longest cached prefix over every tier; SSD blocks it uses are promoted into RAM.
 
@@ -149,13 +171,15 @@ class TieredPrefixCache:
             spans: Image placeholder spans of the prompt.
             namespace: The tenant's storage namespace (SSD blocks of other namespaces are
                 never used).
+            expired_before: The tenant's retention cutoff (``now - retention``; None: no
+                retention): blocks stored before it are never served, and are removed.
 
         Returns:
             A hit made only of resident blocks, as ``PrefixCache.lookup`` returns it.
         """
         self.stats.lookups += 1
         ssd = self._ssd
-        if ssd is None:
+        if ssd is None and expired_before is None:
             return self._ram.lookup(root, tokens, spans)
         check_digest(root, "root")
         array = token_array(tokens)
@@ -164,7 +188,14 @@ class TieredPrefixCache:
         limit = len(ids) - 1
         hasher = ChainHasher(root, array.tobytes(), spans, size)
         hashes = hasher.hashes(max(limit, 0) // size)
+        if expired_before is not None:
+            purged = purge_chain(self._ram, [root, *hashes], expired_before, self._on_expired)
+            self.stats.expired_ram += purged.count
+        if ssd is None:
+            return self._ram.lookup(root, tokens, spans)
         pool = self._ram.pool
+        self._cutoff = expired_before
+        self._expired = {}
 
         steps: list[_Node] = []
         on_ssd: dict[BlockHash, BlockMeta] | None = None
@@ -179,7 +210,12 @@ class TieredPrefixCache:
                 if on_ssd is None:
                     on_ssd = ssd.find_blocks(hashes[index:])
                 meta = on_ssd.get(digest)
-                if meta is None or meta.namespace != namespace or not _fits(meta, parent, window, extra, False):
+                if (
+                    meta is None
+                    or meta.namespace != namespace
+                    or not _fits(meta, parent, window, extra, False)
+                    or self._is_expired(meta)
+                ):
                     break
                 steps.append(meta)
             parent = digest
@@ -213,7 +249,25 @@ class TieredPrefixCache:
             self.stats.hits += 1
         elif consulted:
             self.stats.misses += 1
+        if self._expired:
+            self._drop_expired(list(self._expired))
         return self._ram.lookup(root, tokens, spans)
+
+    def _is_expired(self, meta: BlockMeta) -> bool:
+        """Whether an SSD block is past the current lookup's cutoff (then noted for deletion)."""
+        if not is_expired(meta.stored_at, self._cutoff):
+            return False
+        self._expired[meta.block_hash] = None
+        return True
+
+    def _drop_expired(self, hashes: list[BlockHash]) -> None:
+        assert self._ssd is not None
+        self._expired = {}
+        deleted = self._ssd.delete(RecordKind.KV, [bytes(h) for h in hashes])
+        self.stats.expired_ssd += deleted.count
+        if self._on_expired is not None:
+            for digest in hashes:
+                self._on_expired(digest)
 
     def _tails(
         self,
@@ -246,7 +300,7 @@ class TieredPrefixCache:
         found.extend(
             meta
             for meta in self._ssd.children(parent)
-            if meta.block_hash not in resident and meta.namespace == namespace
+            if meta.block_hash not in resident and meta.namespace == namespace and not self._is_expired(meta)
         )
         return found
 
@@ -300,7 +354,7 @@ class TieredPrefixCache:
         promoted: dict[BlockHash, Block] = {}
         try:
             wanted = [node for node in nodes if isinstance(node, BlockMeta)]
-            wanted = wanted[: self._reserve(wanted)]
+            wanted = wanted[: self._reserve(wanted, namespace)]
             loads = self._ssd.load_blocks(wanted)
             try:
                 for meta, payload in zip(wanted, loads):
@@ -323,12 +377,12 @@ class TieredPrefixCache:
         self.stats.last_reload_seconds = elapsed
         return len(promoted)
 
-    def _reserve(self, wanted: list[BlockMeta]) -> int:
+    def _reserve(self, wanted: list[BlockMeta], namespace: str) -> int:
         """Make RAM room for the longest prefix of ``wanted`` that can have it, before any file
         is read (never over budget). Returns that prefix's length."""
         totals = list(itertools.accumulate(meta.nbytes for meta in wanted))
         count = len(wanted)
-        while count and not self._ram.ram.reserve(totals[count - 1]):
+        while count and not self._ram.ram.reserve(totals[count - 1], namespace):
             count -= 1
         if count < len(wanted):
             self.stats.budget_refusals += 1
@@ -340,7 +394,8 @@ class TieredPrefixCache:
             return None
         # Room is reserved, so the insert neither evicts nor refuses (no write back to SSD).
         block = self._ram.insert_block(
-            meta.parent, meta.tokens, meta.extra, payload, None, partial=meta.partial, namespace=namespace
+            meta.parent, meta.tokens, meta.extra, payload, None, partial=meta.partial,
+            namespace=namespace, stored_at=meta.stored_at,
         )
         if block is None or block.block_hash != meta.block_hash:
             # A hash collision in RAM, or a covering partial stands in for it: not this block.

@@ -17,6 +17,7 @@ from litestar import Litestar
 from litestar.di import Provide
 
 from server.api.chat import chat_completions
+from server.api.erasure import erase_session, erase_tenant
 from server.api.errors import exception_handlers
 from server.api.info import cache_stats, health, list_models, retrieve_model
 from server.api.metrics import prometheus_metrics
@@ -50,6 +51,22 @@ def _registry(config: ServerConfig, secret: bytes) -> TenantRegistry:
     return TenantRegistry.single_default(secret)
 
 
+async def _sweep_forever(worker: EngineWorker, interval_s: float) -> None:
+    """The retention sweeper: every ``interval_s`` seconds, on the engine thread between requests,
+    drop cached state past its tenant's retention (reads already treat it as a miss)."""
+    while True:
+        await asyncio.sleep(interval_s)
+        if not worker.alive:
+            return
+        try:
+            report = await worker.call(lambda engine: engine.sweep())
+        except Exception:
+            # Reads still refuse expired state; keep sweeping, and let the failure be seen.
+            log.exception("retention sweep failed")
+            continue
+        log.debug("retention sweep: %s", report)
+
+
 def create_app(config: ServerConfig, *, engine_factory: EngineFactory | None = None) -> Litestar:
     """Build the app; the model loads when the app starts (its lifespan), not here.
 
@@ -71,6 +88,10 @@ def create_app(config: ServerConfig, *, engine_factory: EngineFactory | None = N
         registry = _registry(config, secret)
         worker = EngineWorker(lambda: factory(config.engine))
         engine = await worker.start()
+        # Every tenant's quotas and retention, also of tenants that send nothing this run but
+        # have state on disk.
+        await worker.call(lambda built: built.configure_tenants(registry.all()))
+        sweeper = asyncio.create_task(_sweep_forever(worker, config.ttl_sweep_interval_s))
         metrics.engine.bind(engine)
         names = {engine.model_id}
         if config.model_name:
@@ -89,13 +110,15 @@ def create_app(config: ServerConfig, *, engine_factory: EngineFactory | None = N
         try:
             yield
         finally:
+            sweeper.cancel()
+            await asyncio.wait([sweeper])
             detach(app.state)
             metrics.engine.unbind()
             await asyncio.to_thread(worker.stop)
 
     return Litestar(
         route_handlers=[chat_completions, list_models, retrieve_model, health, cache_stats,
-                        prometheus_metrics],
+                        prometheus_metrics, erase_session, erase_tenant],
         dependencies={"server": Provide(provide_server, sync_to_thread=False),
                       "tenant": Provide(provide_tenant, sync_to_thread=False),
                       "metrics": Provide(lambda: metrics, use_cache=True, sync_to_thread=False)},

@@ -75,6 +75,16 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     return run_command(args, sys.argv[1:])
 
 
+def _add_cache(sub: argparse._SubParsersAction) -> None:
+    from pathlib import Path
+
+    from server.config import DEFAULT_CACHE_DIR
+    from server.offline.commands import add_cache_arguments
+
+    default = Path(os.environ.get("VLMCACHE_CACHE_DIR") or DEFAULT_CACHE_DIR).expanduser()
+    add_cache_arguments(sub, default)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="vlmcache", description=__doc__.splitlines()[0])
     parser.add_argument("--log-level", default=os.environ.get("VLMCACHE_LOG_LEVEL", "INFO"))
@@ -82,6 +92,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_serve(sub)
     _add_fixtures(sub)
     _add_bench(sub)
+    _add_cache(sub)
     return parser
 
 

@@ -92,6 +92,8 @@ class ServerConfig:
         allow_http_images: fetch ``http(s)://`` image URLs (off by default: server-side
             request forgery).
         http_image_timeout_s: total time allowed to download one http image.
+        ttl_sweep_interval_s: seconds between retention sweeps (state past a tenant's
+            ``retention_seconds`` is dropped from every tier; reads never serve it meanwhile).
         log_level: logging level name for the server process.
     """
 
@@ -106,6 +108,7 @@ class ServerConfig:
     max_body_bytes: int = 32 * 2**20
     allow_http_images: bool = False
     http_image_timeout_s: float = 10.0
+    ttl_sweep_interval_s: float = 60.0
     log_level: str = "info"
 
     def __post_init__(self) -> None:
@@ -117,6 +120,8 @@ class ServerConfig:
                 raise ValueError(f"{name} must be >= 1, got {value}")
         if self.http_image_timeout_s <= 0:
             raise ValueError(f"http_image_timeout_s must be > 0, got {self.http_image_timeout_s}")
+        if not self.ttl_sweep_interval_s > 0:
+            raise ValueError(f"ttl_sweep_interval_s must be > 0, got {self.ttl_sweep_interval_s}")
 
     @property
     def cache_dir(self) -> Path:
@@ -193,6 +198,7 @@ class ServerConfig:
             max_body_bytes=values.get("max_body_bytes", 32 * 2**20, parse_byte_size),
             allow_http_images=values.get("allow_http_images", False, _parse_bool),
             http_image_timeout_s=values.get("http_image_timeout", 10.0, float),
+            ttl_sweep_interval_s=values.get("ttl_sweep_interval", 60.0, float),
             log_level=str(getattr(args, "log_level", None) or "info").lower(),
         )
 
@@ -266,6 +272,10 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     cache.add_argument("--ssd-queue", type=int, metavar="BLOCKS",
                        help="pending SSD writes before spills are dropped (counted) rather than "
                             "block a request (default 64)")
+    cache.add_argument("--ttl-sweep-interval", type=float, metavar="SECONDS",
+                       help="seconds between sweeps that drop cached state past its tenant's "
+                            "retention_seconds from every tier (default 60; expired state is "
+                            "never served meanwhile)")
     cache.add_argument("--block-size", type=int, metavar="TOKENS",
                        help="tokens per KV block (default 64)")
     cache.add_argument("--prefill-chunk", type=int, metavar="TOKENS",

@@ -46,6 +46,19 @@ def load_or_create_secret(cache_dir: Path) -> bytes:
     return _read(path)
 
 
+def read_secret(cache_dir: Path) -> bytes:
+    """The server secret of an existing cache directory, never creating one (offline tools).
+
+    Raises:
+        FileNotFoundError: The directory has no secret (it was never used by a server).
+        SecretFileError: As ``load_or_create_secret``.
+    """
+    path = Path(cache_dir) / SECRET_FILE_NAME
+    if not os.path.lexists(path):
+        raise FileNotFoundError(f"{path} does not exist: {cache_dir} is not a vlmcache cache directory")
+    return _read(path)
+
+
 def _create(path: Path) -> None:
     tmp = path.with_name(f".{SECRET_FILE_NAME}.{os.getpid()}.{secrets.token_hex(8)}.tmp")
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)

@@ -32,12 +32,17 @@ _TENANT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
 class TenantSettings:
     """Per-tenant limits. ``None`` means "no tenant-specific limit" (the server-wide one applies).
 
-    Quotas and retention are recorded here now; their enforcement lives in the cache tiers.
+    Enforced by the cache tiers (``kv_cache.tiers.quota`` for the share rule, the engine's
+    ``server.engine.lifecycle`` for wiring); the rules are in the README, section Tenancy.
 
     Attributes:
-        ram_quota_bytes: Most bytes of RAM-tier cache state this tenant may hold.
-        ssd_quota_bytes: Most bytes of SSD-tier cache state this tenant may hold.
-        retention_seconds: Time to live of this tenant's cached state in every tier.
+        ram_quota_bytes: Most bytes of RAM-tier cache state (KV blocks and vision features)
+            this tenant may hold; also its guaranteed share of the RAM budget (scaled down when
+            the quotas of the tenants present add up to more than the budget).
+        ssd_quota_bytes: Most bytes of SSD-tier files this tenant may hold, and its guaranteed
+            share of the SSD budget, by the same rule.
+        retention_seconds: Time to live of this tenant's cached state in every tier, counted
+            from when the state was computed.
         allow_http_images: Whether this tenant may send http(s) image URLs (also needs the
             server-wide switch).
     """

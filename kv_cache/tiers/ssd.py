@@ -7,14 +7,19 @@
  promote --load_block--> queued record, or file read -> parse -> checksum -> identity -> payload
                               any failure: file to quarantine/, row dropped, a miss
  startup: lock, reconcile (temp files, rows without files, files without rows), capacity
- capacity: total file bytes <= budget, least recently used files deleted first
+ capacity: a tenant over its quota loses its own least recently used files; total file bytes
+           <= budget, least recently used first among the writing tenant and the tenants
+           above their guarantee (``kv_cache.tiers.quota``)
+ retention: rows carry stored_at; ``expire`` deletes expired rows + files, reads skip them
+ erasure:  ``delete`` (keys), ``erase_namespace`` (a tenant): rows, files, emptied directories
 ```
 
 Records of each kind are described by a ``RecordCodec`` (KV blocks: ``ssd_codecs``; vision
 features: ``vision_cache.ssd``): it turns a verified file into its index row, for reconcile.
 
 Threads: the engine thread calls everything public; the writer thread writes files, inserts
-rows and enforces the capacity. Counters are guarded by one lock.
+rows and enforces the capacity. Counters are guarded by one lock, per-tenant usage (and every
+capacity pass) by another.
 
 One process per (cache dir, model): an exclusive ``flock`` on ``ssd/<fp16>/lock`` is held while
 the tier is open (a second opener gets ``SsdTierBusyError``); the kernel drops it when the
@@ -24,14 +29,14 @@ process dies, so a crashed server never blocks its successor.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -46,9 +51,12 @@ from kv_cache.serialization import (
     block_metadata,
     block_tensors,
     decode_block,
-    parse_file,
 )
-from kv_cache.tiers.ssd_codecs import BlockCodec, RecordCodec, block_row, row_meta
+from kv_cache.tally import Tally
+from kv_cache.tiers import ssd_maintenance
+from kv_cache.tiers.ssd_capacity import SsdCapacity
+from kv_cache.tiers.ssd_codecs import BlockCodec, RecordCodec, block_row, row_meta, validate_record
+from kv_cache.tiers.ssd_files import Fetched, SsdTierBusyError, fetch_file, lock_tier
 from kv_cache.tiers.ssd_index import IndexRow, RecordKind, SsdIndex
 from kv_cache.tiers.ssd_layout import SsdLayout, check_namespace
 from kv_cache.tiers.ssd_reconcile import ReconcileReport, quarantine, reconcile
@@ -66,23 +74,22 @@ READ_AHEAD = 8
 
 T = TypeVar("T")
 
-
-class SsdTierBusyError(RuntimeError):
-    """Another open tier (this process or another) holds the cache directory for this model."""
+__all__ = ["DEFAULT_QUEUE_SIZE", "DEFAULT_SSD_BUDGET", "LoadedRecord", "SsdTier", "SsdTierBusyError"]
 
 
 @dataclass(frozen=True, slots=True)
-class _Fetched:
-    """One file as a reader thread left it: parsed and verified, failed, or missing (both
-    ``parsed`` and ``error`` None)."""
+class LoadedRecord:
+    """A record read back by ``SsdTier.load``.
 
-    kind: RecordKind
-    key: bytes
-    path: Path
-    parsed: ParsedFile | None
-    error: CorruptFileError | None
-    size: int
-    io_seconds: float
+    Attributes:
+        value: The decoded record (or the queued in-memory one).
+        stored_at: When its content was first computed (retention).
+        owners: Sessions its row lists.
+    """
+
+    value: Any
+    stored_at: float
+    owners: tuple[str, ...]
 
 
 class SsdTier:
@@ -96,7 +103,8 @@ class SsdTier:
         queue_size: Most records waiting to be written.
         codecs: Codecs of record kinds other than KV blocks (e.g. vision features); files of
             a kind without a codec are left alone by reconcile.
-        clock: Wall-clock nanoseconds for LRU stamps (they must survive restarts).
+        clock: Wall-clock nanoseconds for LRU stamps (they must survive restarts) and for
+            ``stored_at`` of records that come without one.
 
     Raises:
         SsdTierBusyError: The directory is in use for this model.
@@ -123,7 +131,7 @@ class SsdTier:
         self._codecs: dict[RecordKind, RecordCodec] = {RecordKind.KV: BlockCodec(fingerprint, families)}
         for codec in codecs:
             self._codecs[codec.kind] = codec
-        self._lock_fd = _lock(self.layout.lock_path)
+        self._lock_fd = lock_tier(self.layout.lock_path)
         # Plain numbers under a lock; ``stats()`` freezes them into an ``SsdStats``.
         self._counters: dict[str, float] = dataclasses.asdict(SsdStats(budget_bytes=budget_bytes))
         self._stats_lock = threading.Lock()
@@ -142,7 +150,7 @@ class SsdTier:
         for _ in range(READ_THREADS):
             self._readers.submit(ready.wait, 10.0)
         try:
-            report = reconcile(self.layout, self._index, self._validate)
+            report = reconcile(self.layout, self._index, partial(validate_record, self._codecs, self._clock))
             files, size = self._index.totals()
             self._count(
                 files=files,
@@ -153,7 +161,8 @@ class SsdTier:
                 reconcile_removed=report.removed,
             )
             self.reconcile_report: ReconcileReport = report
-            self._enforce_capacity()
+            self._capacity = SsdCapacity(self._index, self.layout, budget_bytes)
+            self._enforce_capacity(None)
         except BaseException:
             self.close()
             raise
@@ -163,7 +172,9 @@ class SsdTier:
     def spill(self, block: Block, *, wait: bool = False) -> bool:
         """Queue an evicted block for writing (the prefix cache's ``on_evict``).
 
-        A block already on disk or queued only has its recency and owners updated.
+        A block already on disk or queued only has its recency and owners updated, unless the
+        stored copy is older than the block (computed again since, e.g. after it expired): then
+        the fresh copy replaces it.
 
         Args:
             block: The block leaving RAM; its payload must be an evaluated ``BlockPayload``.
@@ -179,8 +190,9 @@ class SsdTier:
         if not isinstance(payload, BlockPayload):
             raise TypeError(f"block {block.block_hash.hex()} has no BlockPayload: {type(payload).__name__}")
         key = bytes(block.block_hash)
+        stored_at = block.stored_at if block.stored_at is not None else self._now()
         if self._writer.pending(RecordKind.KV, key) is not None or self._index.use(
-            RecordKind.KV, key, tuple(block.owners), self._clock()
+            RecordKind.KV, key, tuple(block.owners), self._clock(), stored_at
         ):
             self._count(already_stored=1)
             return True
@@ -194,6 +206,7 @@ class SsdTier:
             namespace=check_namespace(block.namespace),
             owners=tuple(sorted(block.owners)),
             nbytes=payload.nbytes,
+            stored_at=stored_at,
         )
         metadata = block_metadata(meta, payload, self._fingerprint, self._families)
         return self._submit(
@@ -244,7 +257,7 @@ class SsdTier:
             is gone or failed verification (then quarantined and its row dropped).
         """
         buffers = [bytearray() for _ in range(READ_AHEAD)]
-        fetches: dict[int, Future[_Fetched]] = {}
+        fetches: dict[int, Future[Fetched]] = {}
 
         def read_ahead(index: int) -> None:
             meta = metas[index]
@@ -319,6 +332,8 @@ class SsdTier:
         value: Any,
         nbytes: int,
         *,
+        owners: Sequence[str] = (),
+        stored_at: float | None = None,
         wait: bool = False,
     ) -> bool:
         """Queue a record of a kind other than KV blocks (e.g. vision features).
@@ -331,6 +346,9 @@ class SsdTier:
             metadata: Its file metadata (must include what its codec checks).
             value: The in-memory record, returned by ``load`` while queued.
             nbytes: Bytes it takes in RAM.
+            owners: Sessions that produced it (added to a stored row's owners).
+            stored_at: When its content was computed (None: now); its metadata should carry
+                the same value for reconcile.
             wait: Block while the queue is full instead of dropping.
 
         Returns:
@@ -338,10 +356,16 @@ class SsdTier:
         """
         if kind not in self._codecs or kind is RecordKind.KV:
             raise ValueError(f"no record codec for kind {kind!r} (KV blocks go through spill)")
-        if self._writer.pending(kind, key) is not None or self._index.use(kind, key, (), self._clock()):
+        stored_at = self._now() if stored_at is None else stored_at
+        if self._writer.pending(kind, key) is not None or self._index.use(
+            kind, key, tuple(owners), self._clock(), stored_at
+        ):
             self._count(already_stored=1)
             return True
-        row = IndexRow(kind, key, check_namespace(namespace), 0, nbytes, self._clock())
+        row = IndexRow(
+            kind, key, check_namespace(namespace), 0, nbytes, self._clock(),
+            owners=tuple(sorted(set(owners))), stored_at=stored_at,
+        )
         job = WriteJob(self.layout.path(kind, namespace, key), tuple(tensors), metadata, row, value)
         return self._submit(job, wait)
 
@@ -350,8 +374,14 @@ class SsdTier:
         return self._writer.pending(kind, key) is not None or bool(self._index.get(kind, [key]))
 
     def load(
-        self, kind: RecordKind, key: bytes, namespace: str, decode: Callable[[ParsedFile], T]
-    ) -> T | Any | None:
+        self,
+        kind: RecordKind,
+        key: bytes,
+        namespace: str,
+        decode: Callable[[ParsedFile], T],
+        *,
+        expired_before: float | None = None,
+    ) -> LoadedRecord | None:
         """Read, verify and decode one record (engine thread).
 
         Args:
@@ -360,25 +390,33 @@ class SsdTier:
             namespace: Tenant storage namespace the caller expects it under.
             decode: Builds the value from the verified file; raises ``CorruptFileError`` when
                 the content is not what the caller asked for.
+            expired_before: Retention cutoff: a record stored before it is expired, never
+                returned, and deleted (row and file).
 
         Returns:
             The queued in-memory value if the record still waits in the queue, else the decoded
-            file of its index row; None when there is no row, the file is gone, or it failed
-            (quarantined, row dropped).
+            file of its index row; None when there is no row, it expired, the file is gone, or
+            it failed (quarantined, row dropped).
         """
         job = self._writer.pending(kind, key)
         if job is not None and job.row.namespace == namespace:
+            if expired_before is not None and job.row.stored_at < expired_before:
+                return None  # the writer will land it; the next sweep or read deletes it
             self._count(queue_reads=1)
-            return job.value
+            return LoadedRecord(job.value, job.row.stored_at, job.row.owners)
         row = self._index.get(kind, [key]).get(key)
         if row is None or row.namespace != namespace:
+            return None
+        if expired_before is not None and row.stored_at < expired_before:
+            self.delete(kind, [key])
             return None
         started = time.perf_counter()
         value = self._finish(self._fetch(kind, namespace, key), decode)
         self._count(read_seconds=time.perf_counter() - started)
-        if value is not None:
-            self._index.touch(kind, [key], self._clock())
-        return value
+        if value is None:
+            return None
+        self._index.touch(kind, [key], self._clock())
+        return LoadedRecord(value, row.stored_at, row.owners)
 
     def _fetch(
         self,
@@ -387,25 +425,11 @@ class SsdTier:
         key: bytes,
         buffers: list[bytearray] | None = None,
         slot: int = 0,
-    ) -> _Fetched:
-        """Read and verify one file (reader thread), into ``buffers[slot]`` when given (grown
-        if too small); failures come back as values."""
-        path = self.layout.path(kind, namespace, key)
-        started = time.perf_counter()
-        try:
-            if buffers is None:
-                data: bytearray | memoryview = read_file(path)
-            else:
-                data, buffers[slot] = read_file_into(path, buffers[slot])
-        except FileNotFoundError:
-            return _Fetched(kind, key, path, None, None, 0, 0.0)
-        io_seconds = time.perf_counter() - started
-        try:
-            return _Fetched(kind, key, path, parse_file(data), None, len(data), io_seconds)
-        except CorruptFileError as exc:
-            return _Fetched(kind, key, path, None, exc, len(data), io_seconds)
+    ) -> Fetched:
+        """Read and verify one file (reader thread), into ``buffers[slot]`` when given."""
+        return fetch_file(self.layout.path(kind, namespace, key), kind, key, buffers, slot)
 
-    def _finish(self, fetched: _Fetched, decode: Callable[[ParsedFile], T]) -> T | None:
+    def _finish(self, fetched: Fetched, decode: Callable[[ParsedFile], T]) -> T | None:
         """Decode a fetched file (engine thread); quarantine it when anything is wrong."""
         kind, key, path = fetched.kind, fetched.key, fetched.path
         if fetched.parsed is None and fetched.error is None:
@@ -424,6 +448,89 @@ class SsdTier:
             return None
         self._count(reads=1, read_bytes=fetched.size, read_io_seconds=fetched.io_seconds)
         return value
+
+    # -- tenants: quotas, retention, erasure ----------------------------------------------------
+
+    def set_quota(self, namespace: str, quota_bytes: int | None) -> None:
+        """Set (or with None remove) a tenant's quota in file bytes, deleting its own least
+        recently used files until it fits."""
+        self._count_capacity(self._capacity.set_quota(namespace, quota_bytes))
+
+    def usage(self) -> dict[str, int]:
+        """File bytes per tenant namespace (a snapshot)."""
+        return self._capacity.usage()
+
+    def owned_rows(self, namespace: str, owner: str) -> list[IndexRow]:
+        """Rows of a namespace that list ``owner`` (call ``flush`` first to include queued
+        records)."""
+        return self._index.owned_by(namespace, owner)
+
+    def rows_of(self, kind: RecordKind, keys: Sequence[bytes]) -> dict[bytes, IndexRow]:
+        """Index rows of those of ``keys`` that are stored (queued ones are not included)."""
+        return self._index.get(kind, list(keys))
+
+    def set_owners(self, kind: RecordKind, key: bytes, owners: Sequence[str]) -> None:
+        """Replace a stored record's owners (erasure of a session that shares it)."""
+        self._index.set_owners(kind, key, owners)
+
+    def add_owner(self, kind: RecordKind, key: bytes, owner: str) -> None:
+        """Record that ``owner`` uses a stored record (no-op if it is not stored)."""
+        self._index.use(kind, key, (owner,), self._clock())
+
+    def delete(self, kind: RecordKind, keys: Sequence[bytes]) -> Tally:
+        """Delete stored records (rows, files, emptied directories); queued ones are written
+        first, so none lands afterwards.
+
+        Returns:
+            The files deleted and their bytes.
+        """
+        self.flush()
+        rows = self._index.get(kind, list(keys)).values()
+        deleted = ssd_maintenance.delete_rows(self._index, self.layout, rows)
+        ssd_maintenance.prune_namespace_dirs(self.layout, deleted)
+        self._forget(deleted)
+        return ssd_maintenance.tallies(deleted)[kind]
+
+    def erase_namespace(self, namespace: str) -> dict[RecordKind, Tally]:
+        """Delete every record of a tenant (after writing what is queued, so none lands
+        afterwards), its quarantined files and its emptied directories.
+
+        Returns:
+            Files deleted and their bytes, per record kind.
+        """
+        self.flush()
+        deleted = ssd_maintenance.erase_namespace(self._index, self.layout, check_namespace(namespace))
+        self._forget(deleted)
+        self._index.compact()
+        return ssd_maintenance.tallies(deleted)
+
+    def expire(self, cutoffs: Mapping[str, float]) -> dict[RecordKind, Tally]:
+        """Delete the records of each namespace stored before its cutoff (after writing what is
+        queued).
+
+        Args:
+            cutoffs: ``now - retention`` per namespace with a retention.
+
+        Returns:
+            Files deleted and their bytes, per record kind.
+        """
+        if not cutoffs:
+            return ssd_maintenance.tallies(())
+        self.flush()
+        deleted = ssd_maintenance.expire(self._index, self.layout, cutoffs)
+        ssd_maintenance.prune_namespace_dirs(self.layout, deleted)
+        self._forget(deleted)
+        if deleted:
+            self._index.checkpoint()
+        return ssd_maintenance.tallies(deleted)
+
+    def checkpoint(self) -> None:
+        """Truncate the index's WAL (deleted rows leave no page images in it)."""
+        self._index.checkpoint()
+
+    def compact(self) -> None:
+        """Rebuild the index and truncate its WAL (after an erasure: no trace of deleted keys)."""
+        self._index.compact()
 
     # -- lifecycle and stats -------------------------------------------------------------------
 
@@ -467,105 +574,53 @@ class SsdTier:
         return False
 
     def _commit(self, job: WriteJob, size: int) -> None:
-        """Writer thread: the file is in place; index it and keep within the budget."""
+        """Writer thread: the file is in place; index it and keep within quota and budget."""
         row = dataclasses.replace(job.row, size=size)
-        old = self._index.get(row.kind, [row.key]).get(row.key)
-        self._index.put(row)
+        old = self._capacity.commit(row)
         self._count(
             spills=1,
             spilled_bytes=size,
             files=0 if old is not None else 1,
             bytes=size - (old.size if old is not None else 0),
         )
-        self._enforce_capacity()
+        self._enforce_capacity(row.namespace)
 
     def _write_failed(self, job: WriteJob, error: BaseException) -> None:
         self._count(write_errors=1)
 
-    def _over_budget(self) -> bool:
-        with self._stats_lock:
-            return self._counters["bytes"] > self._budget
+    def _enforce_capacity(self, requester: str | None) -> None:
+        self._count_capacity(self._capacity.enforce(requester))
 
-    def _enforce_capacity(self) -> None:
-        while self._over_budget():
-            victims = self._index.oldest(16)
-            if not victims:
-                return
-            for row in victims:
-                if not self._over_budget():
-                    return
-                if self._index.delete(row.kind, row.key) is None:
-                    continue
-                self.layout.path(row.kind, row.namespace, row.key).unlink(missing_ok=True)
-                self._count(
-                    files=-1, bytes=-row.size, capacity_deletions=1, capacity_deleted_bytes=row.size
-                )
+    def _count_capacity(self, deleted: list[IndexRow]) -> None:
+        if deleted:
+            size = sum(row.size for row in deleted)
+            self._count(
+                files=-len(deleted), bytes=-size, capacity_deletions=len(deleted),
+                capacity_deleted_bytes=size,
+            )
+
+    def _forget(self, rows: Sequence[IndexRow]) -> None:
+        """Account rows deleted outside a capacity pass."""
+        if not rows:
+            return
+        self._capacity.forget(list(rows))
+        self._count(files=-len(rows), bytes=-sum(row.size for row in rows))
+
+    def _now(self) -> float:
+        """Wall-clock seconds of the tier's clock."""
+        return self._clock() / 1e9
 
     def _drop_row(self, kind: RecordKind, key: bytes) -> None:
         row = self._index.delete(kind, key)
         if row is not None:
-            self._count(files=-1, bytes=-row.size)
+            self._forget([row])
 
     def _quarantine(self, kind: RecordKind, key: bytes, path: Path) -> None:
         self._drop_row(kind, key)
         if quarantine(self.layout, kind, key, path) is not None:
             self._count(quarantined=1)
 
-    def _validate(
-        self, kind: RecordKind, path: Path, namespace: str, key: bytes, size: int
-    ) -> IndexRow | None:
-        codec = self._codecs.get(kind)
-        if codec is None:
-            return None
-        try:
-            data = read_file(path)
-            return codec.index_row(parse_file(data), namespace, key, len(data), self._clock())
-        except CorruptFileError as exc:
-            log.warning("reconcile: removing invalid %s: %s", path, exc)
-            return None
-
     def _count(self, **deltas: float) -> None:
         with self._stats_lock:
             for name, delta in deltas.items():
                 self._counters[name] += delta
-
-
-def read_file(path: Path) -> bytearray:
-    """A whole file in a new buffer (raises FileNotFoundError when it is gone)."""
-    view, buffer = read_file_into(path, bytearray())
-    return buffer if len(view) == len(buffer) else bytearray(view)
-
-
-def read_file_into(path: Path, buffer: bytearray) -> tuple[memoryview, bytearray]:
-    """Read a whole file into ``buffer``, or a new larger one if it does not fit.
-
-    Returns:
-        A view of the bytes read (shorter than the file if it shrank meanwhile) and the buffer
-        holding them.
-
-    Raises:
-        FileNotFoundError: The file is gone.
-    """
-    with open(path, "rb", buffering=0) as f:
-        size = os.fstat(f.fileno()).st_size
-        if len(buffer) < size:
-            buffer = bytearray(size)
-        view = memoryview(buffer)
-        done = 0
-        while done < size:
-            count = f.readinto(view[done:size])
-            if not count:
-                break
-            done += count
-    return view[:done], buffer
-
-
-def _lock(path: Path) -> int:
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SsdTierBusyError(f"the SSD tier at {path.parent} is open in another tier or process") from None
-    return fd

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Protocol
 
 from kv_cache.hashing import BlockHash
-from kv_cache.serialization import BlockMeta, CorruptFileError, ParsedFile, decode_block_meta
+from kv_cache.serialization import BlockMeta, CorruptFileError, ParsedFile, decode_block_meta, parse_file
+from kv_cache.tiers.ssd_files import read_file
 from kv_cache.tiers.ssd_index import IndexRow, RecordKind
+
+log = logging.getLogger(__name__)
 
 
 class RecordCodec(Protocol):
@@ -63,6 +68,7 @@ def block_row(meta: BlockMeta, size: int, stamp: int) -> IndexRow:
         extra=meta.extra,
         partial=meta.partial,
         checkpointed=meta.checkpointed,
+        stored_at=meta.stored_at,
     )
 
 
@@ -79,4 +85,27 @@ def row_meta(row: IndexRow) -> BlockMeta:
         namespace=row.namespace,
         owners=row.owners,
         nbytes=row.nbytes,
+        stored_at=row.stored_at,
     )
+
+
+def validate_record(
+    codecs: Mapping[RecordKind, RecordCodec],
+    clock: Callable[[], int],
+    kind: RecordKind,
+    path: Path,
+    namespace: str,
+    key: bytes,
+    size: int,
+) -> IndexRow | None:
+    """Reconcile's validator: the row of a verified file found at ``(namespace, key)``; None
+    for a file that does not verify (or of a kind without a codec)."""
+    codec = codecs.get(kind)
+    if codec is None:
+        return None
+    try:
+        data = read_file(path)
+        return codec.index_row(parse_file(data), namespace, key, len(data), clock())
+    except CorruptFileError as exc:
+        log.warning("reconcile: removing invalid %s: %s", path, exc)
+        return None

@@ -14,6 +14,7 @@ Files that fail on read later are not deleted but moved to ``quarantine/`` for i
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -115,17 +116,61 @@ def _walk(root: Path) -> list[os.DirEntry[str]]:
 
 
 def quarantine(layout: SsdLayout, kind: RecordKind, key: bytes, path: Path) -> Path | None:
-    """Move a bad file out of the tree, under ``quarantine/``.
+    """Move a bad file out of the tree, to ``quarantine/<kind>-<key>-<namespace>-<ns time>``.
+
+    The namespace in the name lets tenant erasure and retention find a tenant's quarantined
+    files without reading them (they are unreadable by definition).
 
     Returns:
         Its new path, or None when the file was already gone.
     """
     target_dir = layout.quarantine_dir
     target_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    target = target_dir / f"{kind.value}-{key.hex()}-{time.time_ns()}{FILE_SUFFIX}"
+    parsed = layout.parse(kind, path)
+    namespace = parsed[0] if parsed is not None else "unknown"
+    target = target_dir / f"{kind.value}-{key.hex()}-{namespace}-{time.time_ns()}{FILE_SUFFIX}"
     try:
         os.replace(path, target)
     except FileNotFoundError:
         return None
     fsync_dir(path.parent)
     return target
+
+
+_QUARANTINED_RE = re.compile(r"(kv|vision)-([0-9a-f]+)-(.+)-(\d+)" + re.escape(FILE_SUFFIX))
+
+
+@dataclass(frozen=True, slots=True)
+class QuarantinedFile:
+    """A file in ``quarantine/`` as its name describes it.
+
+    Attributes:
+        path: Where it is.
+        kind: Record kind.
+        key: Record key.
+        namespace: Tenant storage namespace it was filed under.
+        quarantined_ns: Wall-clock nanoseconds when it was moved there.
+    """
+
+    path: Path
+    kind: RecordKind
+    key: bytes
+    namespace: str
+    quarantined_ns: int
+
+
+def quarantined_files(layout: SsdLayout) -> list[QuarantinedFile]:
+    """The files in ``quarantine/`` named by ``quarantine`` (others are left out), by name."""
+    out = []
+    try:
+        names = sorted(os.listdir(layout.quarantine_dir))
+    except FileNotFoundError:
+        return []
+    for name in names:
+        match = _QUARANTINED_RE.fullmatch(name)
+        if match is not None:
+            kind, key, namespace, stamp = match.groups()
+            out.append(QuarantinedFile(
+                layout.quarantine_dir / name, RecordKind(kind), bytes.fromhex(key), namespace, int(stamp)
+            ))
+    return out

@@ -54,6 +54,10 @@ class MissTracker:
         """For the TTL sweeper: a block was dropped because it expired."""
         self.attributor.record_expired(block_hash)
 
+    def forget_namespace(self, namespace: str) -> None:
+        """Tenant erasure: drop what attribution remembers of the tenant's contents."""
+        self.attributor.forget_namespace(namespace)
+
     def observe(
         self,
         *,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from kv_cache.tiers.ssd import SsdTier
 from server.engine.architectures import Positions, architecture_for
 from server.engine.detokenizer import StreamingDetokenizer
 from server.engine.harvest import Harvester
+from server.engine.lifecycle import CacheLifecycle, ErasureReport, SweepReport
 from server.engine.metrics_snapshot import (
     EngineSnapshot,
     snapshot_of,
@@ -90,10 +91,23 @@ class RequestTrace:
 
 
 class ModelRunner:
-    """Implements ``server.engine.protocol.Engine`` for one loaded mlx-vlm model."""
+    """Implements ``server.engine.protocol.Engine`` for one loaded mlx-vlm model.
+
+    Args:
+        loaded: The model.
+        settings: Engine settings.
+        ledger: The reply ledger (tests share one between runners).
+        clock: Wall-clock seconds of retention: ``stored_at`` stamps and expiry cutoffs
+            (injectable for tests).
+    """
 
     def __init__(
-        self, loaded: LoadedModel, settings: EngineSettings, *, ledger: ReplyLedger | None = None
+        self,
+        loaded: LoadedModel,
+        settings: EngineSettings,
+        *,
+        ledger: ReplyLedger | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self._m = loaded
         self._settings = settings
@@ -125,17 +139,26 @@ class ModelRunner:
             )
         # Blocks leaving RAM (evicted or refused) go to SSD.
         self.prefix_cache = PrefixCache(
-            self._B, self.ram, on_evict=self.ssd.spill if self.ssd is not None else None
+            self._B, self.ram, on_evict=self.ssd.spill if self.ssd is not None else None, clock=clock
         )
-        self.tiered = TieredPrefixCache(self.prefix_cache, self.ssd, needs_checkpoint=self._recurrent)
         self.misses = MissTracker(self._B, threshold=settings.hit_rate_warn_threshold,
                                   window=settings.hit_rate_window)
+        self.tiered = TieredPrefixCache(self.prefix_cache, self.ssd, needs_checkpoint=self._recurrent,
+                                        on_expired=self.misses.record_expired)
         self.prefix_cache.watch_evictions(self.misses.record_evicted)
         vision_budget = settings.vision_budget_bytes or max(self.ram.budget_bytes // 8, 16 << 20)
-        self.features = FeatureCache(vision_budget)
+        # Features count toward their tenant's RAM quota (the vision budget stays separate).
+        self.features = FeatureCache(vision_budget, clock=clock, ram=self.ram)
         self.feature_ssd = FeatureSsd(self.ssd, loaded.fingerprint) if self.ssd is not None else None
+        self._clock = clock
+        self.lifecycle = CacheLifecycle(
+            ram=self.ram, prefix_cache=self.prefix_cache, ssd=self.ssd, features=self.features,
+            feature_ssd=self.feature_ssd, ledger=self._ledger, clock=clock,
+            on_expired=self.misses.record_expired,
+        )
         self._counters: dict[str, TenantCounters] = {}
         self.last_trace = RequestTrace()
+        self._closed = False
 
     # -- Engine protocol -------------------------------------------------------------------
 
@@ -179,7 +202,7 @@ class ModelRunner:
         if tenant is not None:
             counters = self._counters.get(tenant.namespace, TenantCounters())
             return {"tenant": tenant.tenant_id, **self._ratios(counters.as_dict()),
-                    **self.misses.stats(tenant.namespace)}
+                    **self.misses.stats(tenant.namespace), "usage": self._usage(tenant)}
         total = TenantCounters()
         for c in list(self._counters.values()):
             for name in total.__slots__:
@@ -222,8 +245,45 @@ class ModelRunner:
             "vision": dataclasses.asdict(self.feature_ssd.stats),
         }
 
+    def _usage(self, tenant: Tenant) -> dict[str, Any]:
+        """What a tenant holds now, against its quotas."""
+        ns = tenant.namespace
+        return {
+            "ram_bytes": self.ram.usage_of(ns),
+            "ram_quota_bytes": self.ram.quota(ns),
+            "kv_blocks": sum(1 for b in self.prefix_cache.pool if b.namespace == ns),
+            "vision_features": self.features.stats(ns).entries,
+            "ssd_bytes": self.ssd.usage().get(ns, 0) if self.ssd is not None else 0,
+            "ssd_quota_bytes": tenant.settings.ssd_quota_bytes,
+            "retention_seconds": tenant.settings.retention_seconds,
+        }
+
+    # -- tenancy lifecycle (engine thread) ---------------------------------------------------
+
+    def configure_tenants(self, tenants: Sequence[Tenant]) -> None:
+        """Apply every tenant's quotas and retention (the registry, at startup)."""
+        self.lifecycle.configure(tenants)
+
+    def erase_session(self, tenant: Tenant, session_id: str) -> ErasureReport:
+        """Erase the state only ``session_id`` of ``tenant`` owns, in every tier."""
+        return self.lifecycle.erase_session(tenant, session_id)
+
+    def erase_tenant(self, tenant: Tenant) -> ErasureReport:
+        """Erase all state of ``tenant``, in every tier."""
+        self.misses.forget_namespace(tenant.namespace)
+        return self.lifecycle.erase_tenant(tenant)
+
+    def sweep(self) -> SweepReport:
+        """Drop state past its tenant's retention, in every tier."""
+        return self.lifecycle.sweep()
+
     def close(self) -> None:
-        """Write resident KV blocks and queued records to SSD, then release the SSD tier."""
+        """Drop expired state, write resident KV blocks and queued records to SSD, then release
+        the SSD tier (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        self.lifecycle.sweep()
         self.tiered.close()
 
     @staticmethod
@@ -250,6 +310,7 @@ class ModelRunner:
     ) -> None:
         t0 = time.perf_counter()
         tenant = request.tenant
+        self.lifecycle.observe(tenant)
         counters = self._counters.setdefault(tenant.namespace, TenantCounters())
         trace = RequestTrace()
         self.last_trace = trace
@@ -267,7 +328,8 @@ class ModelRunner:
 
         root = root_hash(CACHE_FORMAT_VERSION, self._m.fingerprint, tenant.salt)
         promotions_before = self.tiered.stats.promotions
-        hit = self.tiered.lookup(root, ids, prompt.spans, tenant.namespace)
+        hit = self.tiered.lookup(root, ids, prompt.spans, tenant.namespace,
+                                 expired_before=self.lifecycle.cutoff(tenant.namespace))
         self.misses.observe(root=root, prompt=prompt, matched_blocks=len(hit.blocks),
                             stored=self.prefix_cache.pool, namespace=tenant.namespace)
         plan = plan_restore(
@@ -358,12 +420,24 @@ class ModelRunner:
         self, img: Any, request: GenerationRequest, counters: TenantCounters, trace: RequestTrace
     ) -> mx.array:
         key = FeatureKey(img.span.image_hash, self._m.fingerprint)
+        ns, session = request.tenant.namespace, request.session_id
+        cutoff = self.lifecycle.cutoff(ns)
         counters.vision_queries += 1
-        cached = self.features.get(key, namespace=request.tenant.namespace)
+        cached = self.features.get(key, namespace=ns, expired_before=cutoff)
+        if cached is not None and session is not None and self.features.add_owner(key, session):
+            if self.feature_ssd is not None:
+                # Features are not spilled again on eviction: their row must know every user.
+                self.feature_ssd.add_owner(key, session)
         if cached is None and self.feature_ssd is not None:
-            cached = self.feature_ssd.load(key, request.tenant.namespace)
-            if cached is not None:
-                self.features.put(key, cached, namespace=request.tenant.namespace)
+            loaded = self.feature_ssd.load(key, ns, expired_before=cutoff)
+            if loaded is not None:
+                cached = loaded.features
+                self.features.put(key, cached, namespace=ns, stored_at=loaded.stored_at)
+                for owner in loaded.owners:
+                    self.features.add_owner(key, owner)
+                if session is not None and session not in loaded.owners:
+                    self.features.add_owner(key, session)
+                    self.feature_ssd.add_owner(key, session)
         if cached is not None:
             counters.vision_hits += 1
             trace.vision_hits += 1
@@ -373,9 +447,10 @@ class ModelRunner:
         counters.encoder_runs += 1
         trace.encoder_runs += 1
         stored = CachedFeatures.of(feats, {"num_tokens": img.layout.num_tokens, "grid_thw": img.layout.grid_thw})
-        self.features.put(key, stored, namespace=request.tenant.namespace)
+        stored_at = self._clock()
+        self.features.put(key, stored, namespace=ns, owner=session, stored_at=stored_at)
         if self.feature_ssd is not None:
-            self.feature_ssd.store(key, stored, request.tenant.namespace)
+            self.feature_ssd.store(key, stored, ns, owner=session, stored_at=stored_at)
         return feats
 
     def _lm_call(self, token_ids: mx.array, embeds: mx.array | None, caches: list[Any], position_ids: mx.array | None) -> mx.array:
@@ -492,7 +567,7 @@ class ModelRunner:
         harvester.flush_partial(tokens)
         trace.stored_blocks = harvester.stored_blocks
         reply_ids = generated[:-1] if generated and generated[-1] in self._m.eos_ids else generated
-        self._ledger.record(request.tenant.namespace, detok.text, reply_ids)
+        self._ledger.record(request.tenant.namespace, detok.text, reply_ids, request.session_id)
         counters.completion_tokens += len(generated)
         emit(FinishEvent(finish, Usage(n, len(generated), trace.cached_tokens)))
 

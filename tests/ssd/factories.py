@@ -23,6 +23,8 @@ FINGERPRINT = "0123456789abcdef-test-model"
 FAMILIES = ("kv", "arrays")
 NAMESPACE = "ns0123456789abcd"
 ROOT = root_hash(CACHE_FORMAT_VERSION, FINGERPRINT, b"tenant-salt")
+# Wall-clock seconds of the factories' blocks (``stored_at``): seed s is stored at STORED_AT + s.
+STORED_AT = 1_700_000_000.0
 
 
 def payload(seed: int, length: int = 4, *, checkpoint: bool = False, dtype: mx.Dtype = mx.float32) -> BlockPayload:
@@ -55,7 +57,7 @@ def block(
     p = payload(seed, len(tokens), checkpoint=checkpoint)
     b = Block(
         hash_block(parent, tokens, extra), parent, tuple(tokens), extra, p, p.nbytes, partial,
-        namespace=namespace,
+        namespace=namespace, stored_at=STORED_AT + seed,
     )
     b.owners.update(owners)
     return b

@@ -33,7 +33,7 @@ from tests.ssd.factories import (
 def meta_of(b) -> BlockMeta:
     return BlockMeta(
         b.block_hash, b.parent, b.tokens, b.extra, b.is_partial, b.payload.checkpoint is not None,
-        b.namespace, tuple(sorted(b.owners)), b.payload.nbytes,
+        b.namespace, tuple(sorted(b.owners)), b.payload.nbytes, b.stored_at,
     )
 
 

@@ -1,0 +1,1 @@
+"""``vlmcache cache stats|verify|gc|erase``: tools for a cache directory of a stopped server."""
