@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-import msgspec
 from msgspec import UNSET, Meta, Struct, UnsetType
 
 # --- requests -----------------------------------------------------------------------------

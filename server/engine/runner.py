@@ -17,11 +17,9 @@ import dataclasses
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
-import numpy as np
 
 from kv_cache.families import family_for, family_registry
 from kv_cache.hashing import CACHE_FORMAT_VERSION, root_hash
@@ -29,6 +27,7 @@ from kv_cache.prefix_cache import PrefixCache
 from kv_cache.tiered import TieredPrefixCache
 from kv_cache.tiers.ram import RamTier
 from kv_cache.tiers.ssd import SsdTier
+from server.engine.accounting import RequestTrace, TenantCounters, with_ratios
 from server.engine.architectures import Positions, architecture_for
 from server.engine.detokenizer import StreamingDetokenizer
 from server.engine.harvest import Harvester
@@ -41,7 +40,8 @@ from server.engine.metrics_snapshot import (
 )
 from server.engine.miss_tracking import MissTracker
 from server.engine.model import LoadedModel, load_model
-from server.engine.prompt import BuiltPrompt, PromptBuilder, PromptError, ReplyLedger
+from server.engine.features import FeatureProvider
+from server.engine.prompt import BuiltPrompt, PromptBuilder, PromptError, PromptImage, ReplyLedger
 from server.engine.restore import plan_restore, restore_caches
 from server.engine.sampling import Sampler
 from server.engine.settings import EngineSettings
@@ -55,39 +55,10 @@ from server.engine.types import (
 )
 from tenancy.tenants import Tenant
 from vision_cache.encoders import encoder_for
-from vision_cache.feature_cache import CachedFeatures, FeatureCache, FeatureKey
+from vision_cache.feature_cache import FeatureCache
 from vision_cache.ssd import FeatureCodec, FeatureSsd
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(slots=True)
-class TenantCounters:
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    vision_queries: int = 0
-    vision_hits: int = 0
-    encoder_runs: int = 0
-    cached_tokens_ssd: int = 0  # of cached_tokens, those of blocks promoted from SSD
-
-    def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in self.__slots__}
-
-
-@dataclass(slots=True)
-class RequestTrace:
-    """What one request did (tests and benchmarks read the last one)."""
-
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    encoder_runs: int = 0
-    vision_hits: int = 0
-    stored_blocks: int = 0
-    generated: list[int] = field(default_factory=list)
-    prompt_ids: np.ndarray | None = None
-    ttft_s: float = 0.0
 
 
 class ModelRunner:
@@ -150,7 +121,10 @@ class ModelRunner:
         # Features count toward their tenant's RAM quota (the vision budget stays separate).
         self.features = FeatureCache(vision_budget, clock=clock, ram=self.ram)
         self.feature_ssd = FeatureSsd(self.ssd, loaded.fingerprint) if self.ssd is not None else None
-        self._clock = clock
+        self.vision = FeatureProvider(
+            encoder=self._encoder, fingerprint=loaded.fingerprint, ram=self.features,
+            ssd=self.feature_ssd, clock=clock,
+        )
         self.lifecycle = CacheLifecycle(
             ram=self.ram, prefix_cache=self.prefix_cache, ssd=self.ssd, features=self.features,
             feature_ssd=self.feature_ssd, ledger=self._ledger, clock=clock,
@@ -201,14 +175,14 @@ class ModelRunner:
     def cache_stats(self, tenant: Tenant | None) -> Mapping[str, Any]:
         if tenant is not None:
             counters = self._counters.get(tenant.namespace, TenantCounters())
-            return {"tenant": tenant.tenant_id, **self._ratios(counters.as_dict()),
+            return {"tenant": tenant.tenant_id, **with_ratios(counters.as_dict()),
                     **self.misses.stats(tenant.namespace), "usage": self._usage(tenant)}
         total = TenantCounters()
         for c in list(self._counters.values()):
             for name in total.__slots__:
                 setattr(total, name, getattr(total, name) + getattr(c, name))
         return {
-            **self._ratios(total.as_dict()),
+            **with_ratios(total.as_dict()),
             "tenants": len(self._counters),
             "kv": {**dataclasses.asdict(self.prefix_cache.stats), "blocks": len(self.prefix_cache),
                    "resident_bytes": self.prefix_cache.resident_bytes},
@@ -285,12 +259,6 @@ class ModelRunner:
         self._closed = True
         self.lifecycle.sweep()
         self.tiered.close()
-
-    @staticmethod
-    def _ratios(c: dict[str, int]) -> dict[str, Any]:
-        hit = c["cached_tokens"] / c["prompt_tokens"] if c["prompt_tokens"] else 0.0
-        vision = c["vision_hits"] / c["vision_queries"] if c["vision_queries"] else 0.0
-        return {**c, "token_hit_rate": hit, "vision_hit_rate": vision}
 
     # -- the request path ------------------------------------------------------------------
 
@@ -417,41 +385,18 @@ class ModelRunner:
         return mx.concatenate(pieces, axis=0) if len(pieces) > 1 else pieces[0]
 
     def _features_for(
-        self, img: Any, request: GenerationRequest, counters: TenantCounters, trace: RequestTrace
+        self, img: PromptImage, request: GenerationRequest, counters: TenantCounters, trace: RequestTrace
     ) -> mx.array:
-        key = FeatureKey(img.span.image_hash, self._m.fingerprint)
-        ns, session = request.tenant.namespace, request.session_id
-        cutoff = self.lifecycle.cutoff(ns)
+        ns = request.tenant.namespace
         counters.vision_queries += 1
-        cached = self.features.get(key, namespace=ns, expired_before=cutoff)
-        if cached is not None and session is not None and self.features.add_owner(key, session):
-            if self.feature_ssd is not None:
-                # Features are not spilled again on eviction: their row must know every user.
-                self.feature_ssd.add_owner(key, session)
-        if cached is None and self.feature_ssd is not None:
-            loaded = self.feature_ssd.load(key, ns, expired_before=cutoff)
-            if loaded is not None:
-                cached = loaded.features
-                self.features.put(key, cached, namespace=ns, stored_at=loaded.stored_at)
-                for owner in loaded.owners:
-                    self.features.add_owner(key, owner)
-                if session is not None and session not in loaded.owners:
-                    self.features.add_owner(key, session)
-                    self.feature_ssd.add_owner(key, session)
-        if cached is not None:
+        result = self.vision.features_for(img, ns, request.session_id, self.lifecycle.cutoff(ns))
+        if result.hit:
             counters.vision_hits += 1
             trace.vision_hits += 1
-            return cached.features
-        feats = self._encoder.encode(img.part.image)
-        mx.eval(feats)
-        counters.encoder_runs += 1
-        trace.encoder_runs += 1
-        stored = CachedFeatures.of(feats, {"num_tokens": img.layout.num_tokens, "grid_thw": img.layout.grid_thw})
-        stored_at = self._clock()
-        self.features.put(key, stored, namespace=ns, owner=session, stored_at=stored_at)
-        if self.feature_ssd is not None:
-            self.feature_ssd.store(key, stored, ns, owner=session, stored_at=stored_at)
-        return feats
+        else:
+            counters.encoder_runs += 1
+            trace.encoder_runs += 1
+        return result.features
 
     def _lm_call(self, token_ids: mx.array, embeds: mx.array | None, caches: list[Any], position_ids: mx.array | None) -> mx.array:
         kwargs: dict[str, Any] = {"cache": caches}

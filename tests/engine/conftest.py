@@ -14,7 +14,8 @@ from fixtures.conversation import ImagePart as FixtureImage
 from fixtures.conversation import Session, TextPart as FixtureText
 from server.engine.model import LoadedModel, load_model
 from server.engine.prompt import ReplyLedger
-from server.engine.runner import ModelRunner, RequestTrace
+from server.engine.accounting import RequestTrace
+from server.engine.runner import ModelRunner
 from server.engine.settings import EngineSettings
 from server.engine.types import (
     ChatMessage,

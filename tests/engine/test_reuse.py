@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numpy as np
-import pytest
 
 from fixtures.conversation import load_conversation
 from tests.engine.conftest import (
