@@ -420,10 +420,12 @@ class ModelRunner:
         """Prefill [start, n) in chunks; returns the logits of the last prompt position.
 
         Stops (each a forward call boundary) fall on multiples of the chunk size (recurrent
-        checkpoints land on boundaries other prompts share), on the last block boundary, and
-        on the end-of-prompt snapshot point: ``n`` for attention-only models (they trim, so the
-        snapshot also serves an identical prompt at ``n - 1``), ``n - 1`` for recurrent ones
-        (a checkpoint at ``n`` could never serve the same prompt again: one token must be left).
+        checkpoints land on boundaries other prompts share) and on the end-of-prompt snapshot
+        point: ``n`` for attention-only models (they trim, so the snapshot also serves an
+        identical prompt at ``n - 1``), ``n - 1`` for recurrent ones (a checkpoint at ``n``
+        could never serve the same prompt again: one token must be left). No stop is needed at
+        the last block boundary: K/V are harvested per position, and the recurrent snapshot at
+        ``n - 1`` is the better restore point.
 
         Recurrent models also get restore points where prompts sharing a history tend to part
         (attention models reach any such length by trimming; recurrent state only where a
@@ -431,7 +433,6 @@ class ModelRunner:
         """
         ids = prompt.token_ids
         n = int(ids.shape[0])
-        last_boundary = n // self._B * self._B
         snapshot = n - 1 if self._recurrent else n
         restore_points = {snapshot}
         if self._recurrent:
@@ -440,8 +441,18 @@ class ModelRunner:
             # the last message (a retried or edited question) and image ends.
             restore_points.update(prompt.text_starts[1:2] + prompt.text_starts[-1:])
             restore_points.update(img.span.end for img in prompt.images)
-        restore_points = {p for p in restore_points if start < p < n or p == snapshot}
-        stops = {n, last_boundary, *restore_points}
+        # A point a few tokens past the restored length, or a few tokens before another point
+        # (an image end just before the next text), would cost a whole forward call for almost
+        # no reuse: keep the later of close points. The snapshot point is always kept.
+        gap = max(1, self._B // 4)
+        kept = {snapshot}
+        later = snapshot
+        for p in sorted((p for p in restore_points if start < p < snapshot), reverse=True):
+            if later - p >= gap and p - start >= gap:
+                kept.add(p)
+                later = p
+        restore_points = kept
+        stops = {n, *restore_points}
         stops.update(range((start // self._chunk + 1) * self._chunk, n, self._chunk))
         pos = start
         logits = None
@@ -452,7 +463,7 @@ class ModelRunner:
             mx.eval(logits[:, -1, :], [c.state for c in caches])
             pos = end
             harvester.collect(caches, pos)
-            if pos % self._chunk == 0 or pos == last_boundary or pos in restore_points:
+            if pos % self._chunk == 0 or pos in restore_points:
                 harvester.checkpoint(caches, pos)
             harvester.flush_full(tokens)
             if pos in restore_points:
