@@ -71,6 +71,7 @@ class SweepReport:
     vision_ram: Tally
     vision_ssd: Tally
     quarantined_files: int
+    replies: int = 0  # reply-ledger entries dropped
 
 
 class CacheLifecycle:
@@ -139,13 +140,14 @@ class CacheLifecycle:
         cutoffs = self.policies.cutoffs(now)
         kv_ram = retention.sweep(self._cache, cutoffs, self._on_expired)
         vision_ram = self._features.expire(cutoffs)
+        replies = self._ledger.expire(cutoffs)
         kv_ssd = vision_ssd = Tally()
         quarantined = 0
         if self._ssd is not None and cutoffs:
             removed = self._ssd.expire(cutoffs)
             kv_ssd, vision_ssd = removed[RecordKind.KV], removed[RecordKind.VISION]
             quarantined = expire_quarantine(self._ssd.layout, self.policies.retentions(), now)
-        return SweepReport(kv_ram, kv_ssd, vision_ram, vision_ssd, quarantined)
+        return SweepReport(kv_ram, kv_ssd, vision_ram, vision_ssd, quarantined, replies)
 
     # -- erasure -------------------------------------------------------------------------------
 

@@ -88,7 +88,7 @@ class ModelRunner:
         self._lm = model.language_model
         self._arch = architecture_for(loaded.model_type, model, loaded.tokenizer)
         self._encoder = encoder_for(loaded.model_type, model, loaded.processor)
-        self._ledger = ledger if ledger is not None else ReplyLedger()
+        self._ledger = ledger if ledger is not None else ReplyLedger(clock=clock)
         self._prompts = PromptBuilder(loaded.tokenizer, self._arch, self._encoder, self._ledger)
         self._registry = family_registry()
         self._families = tuple(family_for(c, self._registry) for c in self._new_caches())
@@ -282,7 +282,9 @@ class ModelRunner:
         counters = self._counters.setdefault(tenant.namespace, TenantCounters())
         trace = RequestTrace()
         self.last_trace = trace
-        prompt = self._prompts.build(request.messages, tenant.namespace)
+        prompt = self._prompts.build(
+            request.messages, tenant.namespace, expired_before=self.lifecycle.cutoff(tenant.namespace)
+        )
         n = len(prompt)
         if n >= self.context_length:
             raise _ContextLengthError(

@@ -68,3 +68,22 @@ def test_a_sweep_drops_expired_ram_blocks_and_features(tmp_path: Path) -> None:
     assert report.vision_ram.count == 1
     assert not any(blk.resident for blk in blocks)
     assert runner.ram.usage_of(short.namespace) == 0
+
+
+def test_reply_ledger_entries_expire_with_the_tenant_retention() -> None:
+    from server.engine.prompt import ReplyLedger
+
+    clock = Clock(1_000.0)
+    ledger = ReplyLedger(clock=clock)
+    ledger.record("short", "a reply", [5, 6, 7], session="s")
+    ledger.record("forever", "a reply", [8], session="s")
+    clock.now += 30
+    ledger.record("short", "a later reply", [9], session="s")
+    cutoff = clock.now - 20  # retention 20 s: only the later reply is young enough
+    assert ledger.get("short", "a reply", expired_before=cutoff) is None  # checked on read
+    assert ledger.get("short", "a later reply", expired_before=cutoff) == (9,)
+    ledger.record("short", "old again", [1], session="s")
+    clock.now += 25
+    assert ledger.expire({"short": clock.now - 20}) == 2  # both "short" entries now expired
+    assert ledger.get("short", "a later reply") is None
+    assert ledger.get("forever", "a reply") == (8,)  # no retention: kept
