@@ -19,8 +19,6 @@ import sys
 import time
 from pathlib import Path
 
-from PIL import Image, ImageDraw
-
 from fixtures.build import ensure_fixture
 from server.engine.model import load_model
 from server.engine.runner import ModelRunner
@@ -36,23 +34,7 @@ from server.engine.types import (
 from tenancy.tenants import make_tenant
 from vision_cache.hashing import image_hash
 
-WORDS = (
-    "the system keeps every block of computed attention state so that later turns of a "
-    "conversation start from where the previous turn ended instead of from the first token "
-).split()
-
-
-def text_of(n_words: int, seed: int) -> str:
-    return " ".join(WORDS[(i * 7 + seed) % len(WORDS)] for i in range(n_words))
-
-
-def picture(seed: int) -> Image.Image:
-    img = Image.new("RGB", (224, 224), (seed * 40 % 256, 90, 160))
-    d = ImageDraw.Draw(img)
-    for k in range(6):
-        d.rectangle([10 + 30 * k, 20 + seed, 30 + 30 * k, 200 - 10 * k], fill=(255 - 30 * k, 40 * k % 256, 80))
-    return img
-
+from bench_inputs import picture, text_of  # noqa: E402  (sibling module of this script)
 
 def ttft(runner: ModelRunner, tenant, messages: list[ChatMessage]) -> tuple[float, int, int]:
     events: list[object] = []

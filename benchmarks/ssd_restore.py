@@ -32,8 +32,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from PIL import Image, ImageDraw
-
 from fixtures.build import ensure_fixture
 from server.engine.model import LoadedModel, load_model
 from server.engine.runner import ModelRunner
@@ -49,25 +47,9 @@ from server.engine.types import (
 from tenancy.tenants import Tenant, make_tenant
 from vision_cache.hashing import image_hash
 
+from bench_inputs import picture, text_of  # noqa: E402  (sibling module of this script)
+
 BLOCK = 64
-WORDS = (
-    "every block of attention state that the engine computed once is kept so that a later "
-    "request with the same beginning restores it instead of computing it again from the start "
-).split()
-
-
-def text_of(n_words: int, seed: int) -> str:
-    return " ".join(WORDS[(i * 7 + seed) % len(WORDS)] for i in range(n_words))
-
-
-def picture() -> Image.Image:
-    img = Image.new("RGB", (224, 224), (40, 90, 160))
-    d = ImageDraw.Draw(img)
-    for k in range(6):
-        d.rectangle([10 + 30 * k, 20, 30 + 30 * k, 200 - 10 * k], fill=(255 - 30 * k, 40 * k, 80))
-    return img
-
-
 @dataclass(frozen=True, slots=True)
 class Sample:
     ttft_s: float

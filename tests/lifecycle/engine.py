@@ -10,10 +10,10 @@ from pathlib import Path
 from kv_cache.hashing import BlockHash
 from kv_cache.tiers.ssd_index import RecordKind
 from server.engine.runner import ModelRunner
-from server.engine.settings import EngineSettings
 from tenancy.tenants import Tenant, TenantSettings, make_tenant
-from tests.engine.conftest import BLOCK, CHUNK, SECRET, loaded
+from tests.engine.conftest import SECRET
 from tests.lifecycle.factories import Clock
+from tests.ssd.factories import make_runner as make_ssd_runner
 
 FAMILY = "qwen2_vl"
 SYSTEM = ("You are the careful assistant of a shipping company. Answer briefly, politely, and "
@@ -28,19 +28,10 @@ def make_runner(
     ssd_budget_bytes: int = 1 << 30,
 ) -> ModelRunner:
     """A runner on the tiny fixture; ``cache_dir`` None means RAM only."""
-    settings = EngineSettings(
-        model_path=Path("unused"),
-        cache_dir=cache_dir if cache_dir is not None else Path("unused"),
-        block_size=BLOCK,
-        prefill_chunk=CHUNK,
-        ram_budget_bytes=ram_budget_bytes,
-        ssd_enabled=cache_dir is not None,
+    return make_ssd_runner(
+        FAMILY, cache_dir, clock=clock, ram_budget_bytes=ram_budget_bytes,
         ssd_budget_bytes=ssd_budget_bytes,
-        ssd_queue_size=4096,
     )
-    if clock is None:
-        return ModelRunner(loaded(FAMILY), settings)
-    return ModelRunner(loaded(FAMILY), settings, clock=clock)
 
 
 def tenant(name: str, **settings: object) -> Tenant:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import mlx.core as mx
@@ -111,6 +111,7 @@ def make_runner(
     ledger: ReplyLedger | None = None,
     queue_size: int = 4096,
     ssd_budget_bytes: int = 1 << 30,
+    clock: Callable[[], float] | None = None,
 ) -> ModelRunner:
     """A runner on the tiny fixture; ``cache_dir`` None means RAM only (a cold reference)."""
     settings = EngineSettings(
@@ -123,4 +124,6 @@ def make_runner(
         ssd_budget_bytes=ssd_budget_bytes,
         ssd_queue_size=queue_size,
     )
-    return ModelRunner(loaded(family), settings, ledger=ledger)
+    if clock is None:
+        return ModelRunner(loaded(family), settings, ledger=ledger)
+    return ModelRunner(loaded(family), settings, ledger=ledger, clock=clock)

@@ -1,0 +1,25 @@
+"""Deterministic prompt text and pictures shared by the benchmark scripts (run from the repo
+root as ``python benchmarks/<script>.py``, which puts this folder on ``sys.path``)."""
+
+from __future__ import annotations
+
+from PIL import Image, ImageDraw
+
+WORDS = (
+    "the system keeps every block of computed attention state so that later turns of a "
+    "conversation start from where the previous turn ended instead of from the first token "
+).split()
+
+
+def text_of(n_words: int, seed: int) -> str:
+    """``n_words`` words; different seeds give different word orders."""
+    return " ".join(WORDS[(i * 7 + seed) % len(WORDS)] for i in range(n_words))
+
+
+def picture(seed: int = 0) -> Image.Image:
+    """A 224 px picture of bars; different seeds give different pixels."""
+    img = Image.new("RGB", (224, 224), ((40 + seed * 40) % 256, 90, 160))
+    d = ImageDraw.Draw(img)
+    for k in range(6):
+        d.rectangle([10 + 30 * k, 20 + seed, 30 + 30 * k, 200 - 10 * k], fill=(255 - 30 * k, 40 * k % 256, 80))
+    return img
