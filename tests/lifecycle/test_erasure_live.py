@@ -75,6 +75,21 @@ def index_rows(server: LiveServer) -> list[tuple[str, bytes, str, list[str]]]:
     return out
 
 
+def wait_for_disk(server: LiveServer, admin_key: str = "sk-admin") -> None:
+    """Wait until the SSD writer has committed every queued record (it writes in the background)."""
+    import time
+
+    deadline = time.monotonic() + 10.0
+    with server.http() as http:
+        while True:
+            stats = http.get("/v1/cache/stats", headers={"Authorization": f"Bearer {admin_key}"})
+            assert stats.status_code == 200, stats.text
+            if stats.json()["stats"]["ssd"]["queued"] == 0:
+                return
+            assert time.monotonic() < deadline, "the SSD writer did not drain its queue"
+            time.sleep(0.05)
+
+
 def namespace_of(server: LiveServer, tenant_id: str) -> str:
     from tenancy.secret import read_secret
     from tenancy.tenants import make_tenant
@@ -90,6 +105,7 @@ def test_deleting_a_session_erases_its_private_state_and_keeps_the_shared_prompt
     _, s_cached = ask(server, "sk-alice", "S", s_messages(reply))
     ask(server, "sk-bob", "S", s_messages())  # bob's session S is another session
     assert s_cached > 0 and t_cached > 0
+    wait_for_disk(server)
     rows = index_rows(server)
     private = {key for kind, key, ns, owners in rows if ns == alice and owners == ["S"]}
     private_blocks = {key for kind, key, ns, owners in rows if kind == "kv" and key in private}

@@ -1,4 +1,4 @@
-"""The retention sweeper of a live server: with a two-second retention and a short sweep
+"""The retention sweeper of a live server: with a four-second retention and a short sweep
 interval, a tenant's state leaves the disk on its own (no request needed), while the other
 tenant's stays."""
 
@@ -17,7 +17,7 @@ from tests.server.helpers import image_message, png_data_url
 KEYS_TOML = """
 [tenants.brief]
 keys = ["sk-brief"]
-retention_seconds = 2
+retention_seconds = 4
 
 [tenants.steady]
 keys = ["sk-steady"]
@@ -36,11 +36,16 @@ def server(tiny_model_path: Path, tmp_path_factory: pytest.TempPathFactory) -> I
 
 def test_the_sweeper_removes_expired_state_from_disk(server: LiveServer) -> None:
     messages = [image_message("What colour is this?", png_data_url((24, 24), (10, 90, 200)))]
-    for key in ("sk-steady", "sk-brief"):  # brief last: its two seconds start now
+    for key in ("sk-steady", "sk-brief"):  # brief last: its four seconds start now
         server.client(api_key=key).chat.completions.create(
             model=server.model, messages=messages, max_tokens=2, temperature=0)
     brief, steady = namespace_of(server, "brief"), namespace_of(server, "steady")
-    assert {ns for _, _, ns, _ in index_rows(server)} == {brief, steady}  # features, written through
+    # Features are written through by the background writer: wait for both rows to land
+    # (well within brief's retention).
+    deadline = time.monotonic() + 3.0
+    while {ns for _, _, ns, _ in index_rows(server)} != {brief, steady}:
+        assert time.monotonic() < deadline, index_rows(server)
+        time.sleep(0.05)
     deadline = time.monotonic() + 15.0
     while brief in {ns for _, _, ns, _ in index_rows(server)}:
         assert time.monotonic() < deadline, "the sweeper did not remove the expired features"
