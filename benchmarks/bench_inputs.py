@@ -1,9 +1,17 @@
-"""Deterministic prompt text and pictures shared by the benchmark scripts (run from the repo
-root as ``python benchmarks/<script>.py``, which puts this folder on ``sys.path``)."""
+"""Deterministic prompt text, pictures and a timed engine call shared by the benchmark scripts
+(run from the repo root as ``python benchmarks/<script>.py``, which puts this folder on
+``sys.path``)."""
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
+
 from PIL import Image, ImageDraw
+
+from server.engine.runner import ModelRunner
+from server.engine.types import ChatMessage, EngineError, GenerationRequest, SamplingParams
+from tenancy.tenants import Tenant
 
 WORDS = (
     "the system keeps every block of computed attention state so that later turns of a "
@@ -23,3 +31,16 @@ def picture(seed: int = 0) -> Image.Image:
     for k in range(6):
         d.rectangle([10 + 30 * k, 20 + seed, 30 + 30 * k, 200 - 10 * k], fill=(255 - 30 * k, 40 * k % 256, 80))
     return img
+
+
+def time_to_first_token(runner: ModelRunner, tenant: Tenant, messages: Sequence[ChatMessage]) -> float:
+    """Seconds of one greedy request for a single token (its TTFT); raises on an engine error."""
+    events: list[object] = []
+    req = GenerationRequest("bench", tenant, "bench", tuple(messages), SamplingParams(max_tokens=1))
+    start = time.perf_counter()
+    runner.generate(req, events.append, lambda: False)
+    elapsed = time.perf_counter() - start
+    errors = [e for e in events if isinstance(e, EngineError)]
+    if errors:
+        raise RuntimeError(errors[0].message)
+    return elapsed

@@ -16,7 +16,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from pathlib import Path
 
 from fixtures.build import ensure_fixture
@@ -25,26 +24,16 @@ from server.engine.runner import ModelRunner
 from server.engine.settings import EngineSettings
 from server.engine.types import (
     ChatMessage,
-    EngineError,
-    GenerationRequest,
     ImagePart,
-    SamplingParams,
     TextPart,
 )
 from tenancy.tenants import make_tenant
 from vision_cache.hashing import image_hash
 
-from bench_inputs import picture, text_of  # noqa: E402  (sibling module of this script)
+from bench_inputs import picture, text_of, time_to_first_token  # noqa: E402  (sibling module of this script)
 
 def ttft(runner: ModelRunner, tenant, messages: list[ChatMessage]) -> tuple[float, int, int]:
-    events: list[object] = []
-    req = GenerationRequest("bench", tenant, "bench", tuple(messages), SamplingParams(max_tokens=1))
-    t0 = time.perf_counter()
-    runner.generate(req, events.append, lambda: False)
-    elapsed = time.perf_counter() - t0
-    errors = [e for e in events if isinstance(e, EngineError)]
-    if errors:
-        raise RuntimeError(errors[0].message)
+    elapsed = time_to_first_token(runner, tenant, messages)
     trace = runner.last_trace
     return elapsed, trace.prompt_tokens, trace.cached_tokens
 

@@ -38,16 +38,13 @@ from server.engine.runner import ModelRunner
 from server.engine.settings import EngineSettings
 from server.engine.types import (
     ChatMessage,
-    EngineError,
-    GenerationRequest,
     ImagePart,
-    SamplingParams,
     TextPart,
 )
 from tenancy.tenants import Tenant, make_tenant
 from vision_cache.hashing import image_hash
 
-from bench_inputs import picture, text_of  # noqa: E402  (sibling module of this script)
+from bench_inputs import picture, text_of, time_to_first_token  # noqa: E402  (sibling module of this script)
 
 BLOCK = 64
 @dataclass(frozen=True, slots=True)
@@ -62,16 +59,9 @@ class Sample:
 
 
 def request(runner: ModelRunner, tenant: Tenant, messages: list[ChatMessage]) -> Sample:
-    events: list[object] = []
-    req = GenerationRequest("bench", tenant, "bench", tuple(messages), SamplingParams(max_tokens=1))
     before = runner.ssd.stats() if runner.ssd is not None else None
     reload_before = runner.tiered.stats.reload_seconds
-    start = time.perf_counter()
-    runner.generate(req, events.append, lambda: False)
-    elapsed = time.perf_counter() - start
-    errors = [e for e in events if isinstance(e, EngineError)]
-    if errors:
-        raise RuntimeError(errors[0].message)
+    elapsed = time_to_first_token(runner, tenant, messages)
     trace = runner.last_trace
     if before is None or runner.ssd is None:
         return Sample(elapsed, trace.prompt_tokens, trace.cached_tokens)

@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import base64
 import io
+import subprocess
+import time
+from pathlib import Path
 from typing import Any
+
+import httpx
 
 from PIL import Image
 
@@ -42,3 +47,19 @@ def assert_envelope(body: Any, *, code: str | None = None, param: str | None = N
     if param is not None:
         assert error["param"] == param, error
     return error
+
+
+def wait_until_healthy(process: subprocess.Popen[bytes], base_url: str, log_path: Path,
+                       timeout_s: float = 120.0) -> None:
+    """Wait for a ``vlmcache serve`` subprocess to answer ``/health``; fail with its log if it
+    exits or does not come up in time."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        assert process.poll() is None, log_path.read_text()
+        try:
+            if httpx.get(base_url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert time.monotonic() < deadline, log_path.read_text()
+        time.sleep(0.2)

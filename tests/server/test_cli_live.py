@@ -7,13 +7,12 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 from openai import OpenAI
 
-from tests.server.helpers import image_message, png_data_url
+from tests.server.helpers import image_message, png_data_url, wait_until_healthy
 
 STARTUP_TIMEOUT_S = 120.0
 
@@ -35,16 +34,7 @@ def test_serve_command_answers_and_stops_on_sigterm(tmp_path: Path) -> None:
             stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "VLMCACHE_MAX_IMAGES": "1"})
     try:
         base = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        wait_until_healthy(process, base, log_path, STARTUP_TIMEOUT_S)
         client = OpenAI(base_url=base + "/v1", api_key="unused", max_retries=0)
         reply = client.chat.completions.create(
             model="tiny-cli", max_tokens=2,

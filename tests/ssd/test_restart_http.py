@@ -9,7 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -19,6 +18,7 @@ import httpx
 from openai import OpenAI
 
 from fixtures.conversation import load_conversation, openai_messages
+from tests.server.helpers import wait_until_healthy
 
 REPO = Path(__file__).resolve().parents[2]
 STARTUP_TIMEOUT_S = 120.0
@@ -39,16 +39,7 @@ def serving(cache_dir: Path, log_path: Path) -> Iterator[str]:
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + STARTUP_TIMEOUT_S
-        while True:
-            assert process.poll() is None, log_path.read_text()
-            try:
-                if httpx.get(base + "/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.2)
+        wait_until_healthy(process, base, log_path, STARTUP_TIMEOUT_S)
         yield base
     finally:
         process.send_signal(signal.SIGTERM)  # graceful: the engine closes, flushing to SSD
